@@ -1,0 +1,169 @@
+"""CSA2 attention: single-latent MQA over a sliding window plus selected entries of a shared compressed KV.
+
+Every layer attends to the last ``sliding_window`` positions of its own FP8 latent (K = V). Layers with a
+compression ratio also attend to ``index_topk`` entries of the compressed KV published by the latest KV-source
+layer, chosen by the latest index-source layer (spec §3.1 roles: full = KV + index source, reindex = index source,
+reuse = neither). Output: inverse RoPE, then the grouped low-rank projection ``wo_a`` / ``wo_b``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ... import ops
+from .args import ModelArgs
+from .indexer import Indexer
+from .kv_cache import SequenceChunk
+from .linear import Linear
+from .norm import RMSNorm
+
+
+def rope_inv_freq(args: ModelArgs, ratio: int) -> torch.Tensor:
+    """RoPE frequencies: base theta for SWA-only layers; compress theta with YaRN for ratio > 0 (spec §5.5)."""
+    rd = args.qk_rope_head_dim
+    theta = args.compress_rope_theta if ratio else args.rope_theta
+    freqs = 1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    rs = args.rope_scaling
+    if ratio and rs and args.max_position_embeddings > rs["original_max_position_embeddings"]:
+        low, high = args.yarn_range()
+        ramp = ((torch.arange(rd // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+        freqs = freqs / rs["factor"] * ramp + freqs * (1 - ramp)
+    return freqs.float()
+
+
+class Compressor(nn.Module):
+    """CSA2 compressor of a KV-source layer: one entry per ``ratio`` tokens (spec §5.4).
+
+    Ratio 1: entry = norm(wkv(x)). Ratio 2: per channel, a softmax over the two tokens of the group of wgate(x)
+    weights wkv(x), in fp32, then norm. No overlap between groups and no position embedding.
+    """
+
+    def __init__(self, args: ModelArgs, ratio: int):
+        super().__init__()
+        self.ratio = ratio
+        self.wkv = Linear(args.hidden_size, args.head_dim, dtype=torch.float32)
+        if ratio > 1:
+            self.wgate = Linear(args.hidden_size, args.head_dim, dtype=torch.float32)
+        self.norm = RMSNorm(args.head_dim, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, pending_values: torch.Tensor, pending_gates: torch.Tensor):
+        """x [n, d] new tokens -> (latents [groups, head_dim] unrotated, new pending values, new pending gates)."""
+        if self.ratio == 1:
+            return self.norm(self.wkv(x)), pending_values, pending_gates
+        values = torch.cat((pending_values, self.wkv(x.float())))
+        gates = torch.cat((pending_gates, self.wgate(x.float())))
+        complete = values.shape[0] // self.ratio * self.ratio
+        grouped_v = values[:complete].unflatten(0, (-1, self.ratio))  # [groups, ratio, head_dim]
+        weights = gates[:complete].unflatten(0, (-1, self.ratio)).softmax(dim=1)
+        latents = self.norm((weights * grouped_v).sum(dim=1)).to(x.dtype)
+        return latents, values[complete:], gates[complete:]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int, dtype: torch.dtype):
+        super().__init__()
+        self.args, self.layer_id = args, layer_id
+        self.ratio = args.layer_ratios[layer_id] if layer_id < args.num_hidden_layers else 0
+        self.n_heads, self.head_dim, self.rope_dim = args.num_attention_heads, args.head_dim, args.qk_rope_head_dim
+        self.window = args.sliding_window
+        self.softmax_scale = self.head_dim ** -0.5
+        self.wq_a = Linear(args.hidden_size, args.q_lora_rank, "fp8")
+        self.q_norm = RMSNorm(args.q_lora_rank, args.rms_norm_eps, dtype)
+        self.wq_b = Linear(args.q_lora_rank, self.n_heads * self.head_dim, "fp8")
+        self.wkv = Linear(args.hidden_size, self.head_dim, "fp8")
+        self.kv_norm = RMSNorm(self.head_dim, args.rms_norm_eps, dtype)
+        self.o_groups = args.o_groups
+        self.wo_a = Linear(self.n_heads * self.head_dim // self.o_groups, self.o_groups * args.o_lora_rank, "fp8")
+        self.wo_b = Linear(self.o_groups * args.o_lora_rank, args.hidden_size, "fp8")
+        self.attn_sink = nn.Parameter(torch.zeros(self.n_heads, dtype=torch.float32), requires_grad=False)
+        self.is_kv_source = layer_id in args.kv_source_layer_ids
+        self.is_index_source = layer_id in args.index_source_layer_ids
+        if self.is_kv_source:
+            self.compressor = Compressor(args, self.ratio)
+        if self.is_index_source:
+            self.indexer = Indexer(args, layer_id, dtype)
+        self.register_buffer("inv_freq", rope_inv_freq(args, self.ratio), persistent=False)
+
+    # ---- projections -------------------------------------------------------------------------------------
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        return ops.rope(x, positions, self.inv_freq, inverse)
+
+    def latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Window latents [n, head_dim]: norm, RoPE, FP8 block-32 (the cache precision, spec §8.1)."""
+        return ops.fp8_fake_quant(self.rotate(self.kv_norm(self.wkv(x)), positions))
+
+    def queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (q [n, heads, head_dim] rotated, q latent [n, q_lora_rank] shared with the indexer)."""
+        q_latent = self.q_norm(self.wq_a(x))
+        q = self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim))
+        if self.args.q_head_norm:
+            q = ops.rms_norm(q, None, self.args.rms_norm_eps)
+        return self.rotate(q, positions), q_latent
+
+    def publish_compressed(self, x: torch.Tensor, chunk: SequenceChunk) -> None:
+        """Run the compressor over this chunk's tokens and append entries and index keys to the shared state."""
+        state = chunk.state.compressed(self.layer_id)
+        if state.num_entries * self.ratio + state.pending_values.shape[0] != chunk.start_pos:
+            raise RuntimeError(f"layer {self.layer_id}: compressor state covers "
+                               f"{state.num_entries * self.ratio + state.pending_values.shape[0]} tokens but the "
+                               f"chunk starts at position {chunk.start_pos}")
+        latents, state.pending_values, state.pending_gates = self.compressor(
+            x, state.pending_values, state.pending_gates)
+        if latents.shape[0] == 0:
+            return
+        positions = (state.num_entries + torch.arange(latents.shape[0], device=x.device)) * self.ratio
+        state.index_keys.append(self.indexer.index_keys(latents, positions, self.rotate))
+        state.latents.append(ops.nvfp4_fake_quant(self.rotate(latents, positions)))
+
+    # ---- forward -----------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
+        """x [rows, d] (normed attention input of every key row) -> [query rows, d]."""
+        outputs = []
+        for chunk in chunks:
+            rows = x[chunk.row_start: chunk.row_start + chunk.num_rows]
+            key_pos = chunk.start_pos + torch.arange(chunk.num_rows, device=x.device)
+            query_pos = key_pos[chunk.num_rows - chunk.num_query_rows:]
+            if self.is_kv_source:
+                self.publish_compressed(rows, chunk)
+            q, q_latent = self.queries(rows[chunk.num_rows - chunk.num_query_rows:], query_pos)
+            pool, indices = self.window_keys(rows, key_pos, query_pos, chunk)
+            if self.ratio:
+                selected = self.select_compressed(rows, q_latent, query_pos, chunk)
+                source = chunk.state.compressed(self.args.kv_source_of[self.layer_id])
+                gathered = source.latents.rows[selected.clamp(min=0).flatten()]  # [q * topk, head_dim]
+                slots = pool.shape[0] + torch.arange(selected.numel(), device=x.device).view_as(selected)
+                pool = torch.cat((pool, gathered.to(pool.dtype)))
+                indices = torch.cat((indices, torch.where(selected >= 0, slots, selected)), dim=1)
+            o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
+            outputs.append(self.rotate(o, query_pos, inverse=True))
+        return self.project_out(torch.cat(outputs))
+
+    def window_keys(self, rows, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pool of window latents (cached context + this chunk) and each query's window rows in it [q, W]."""
+        latents = self.latents(rows, key_pos)
+        first = max(0, int(query_pos[0]) - self.window + 1)
+        first_key = int(key_pos[0])
+        context = chunk.state.window_context(self.layer_id, first, first_key) if first < first_key else latents[:0]
+        chunk.state.write_window(self.layer_id, latents, first_key)
+        pool = torch.cat((context.to(latents.dtype), latents))
+        wanted = query_pos[:, None] - self.window + 1 + torch.arange(self.window, device=rows.device)[None, :]
+        indices = torch.where(wanted >= first, wanted - first, torch.full_like(wanted, -1))
+        return pool, indices
+
+    def select_compressed(self, rows, q_latent, query_pos, chunk: SequenceChunk) -> torch.Tensor:
+        """Compressed entry ids [q, index_topk] for each query: indexed here or reused from the last index source."""
+        if self.is_index_source:
+            source = chunk.state.compressed(self.args.kv_source_of[self.layer_id])
+            x_q = rows[chunk.num_rows - chunk.num_query_rows:]
+            chunk.published["topk"] = self.indexer(x_q, q_latent, query_pos, source, chunk.published, self.rotate)
+        return chunk.published["topk"][-chunk.num_query_rows:]
+
+    def project_out(self, o: torch.Tensor) -> torch.Tensor:
+        """o [n, heads, head_dim] -> grouped low-rank wo_a (one block per group of heads) -> wo_b -> [n, d]."""
+        grouped = o.flatten(1).unflatten(-1, (self.o_groups, -1))  # [n, groups, heads/groups * head_dim]
+        wo_a = self.wo_a.dense_weight(o.dtype).unflatten(0, (self.o_groups, -1))  # [groups, o_lora, in/group]
+        low_rank = torch.einsum("ngi,goi->ngo", grouped, wo_a).flatten(1)  # [n, groups * o_lora]
+        return self.wo_b(low_rank)

@@ -1,0 +1,131 @@
+"""Engram conditional memory: n-gram hashed lookups into large FP8 tables, gated into every residual stream.
+
+Hashes depend only on token ids (spec §7.2), so they are computed once per forward for all Engram layers,
+before any layer runs; the tables could live in host memory and be prefetched. The gate compares each stream
+with a learned key of the looked-up memory and adds the memory's value where they agree (spec §7.3).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+
+import torch
+from torch import nn
+
+from ... import ops
+from .args import ModelArgs
+from .linear import Linear
+
+
+class EngramTable(nn.Module):
+    """Rows of FP8 E4M3 with one E8M0 scale per 32 columns: ``weight`` [rows, width], ``scale`` [rows, blocks]."""
+
+    def __init__(self, rows: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, width, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.scale = nn.Parameter(torch.empty(rows, -(-width // 32), dtype=torch.float8_e8m0fnu),
+                                  requires_grad=False)
+
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return ops.dequant_fp8_rows(self.weight[ids], self.scale[ids], dtype)
+
+
+class Engram(nn.Module):
+    def __init__(self, args: ModelArgs, table: int, dtype: torch.dtype):
+        super().__init__()
+        self.table, self.eps, self.hc = table, args.rms_norm_eps, args.hc_mult
+        columns = (args.engram_max_ngram_size - 1) * args.engram_n_heads
+        self.embed = EngramTable(args.engram_num_embeddings[table], args.engram_head_dim)
+        self.wkv = Linear(columns * args.engram_head_dim, (args.hc_mult + 1) * args.hidden_size, "fp8")
+        self.q_weight = nn.Parameter(torch.empty(args.hc_mult, args.hidden_size, dtype=dtype), requires_grad=False)
+        self.k_weight = nn.Parameter(torch.empty(args.hc_mult, args.hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, streams: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
+        """streams [n, S, d], row_ids [n, columns] -> streams with the gated memory value added to each."""
+        d = streams.shape[-1]
+        memory = self.embed(row_ids, streams.dtype).flatten(1)  # [n, columns * width]
+        kv = self.wkv(memory)
+        key = kv[:, : self.hc * d].unflatten(-1, (self.hc, d)).float()  # [n, S, d]
+        value = kv[:, self.hc * d:].float()  # [n, d]
+        h = streams.float()
+        w = self.q_weight.float() * self.k_weight.float()  # only the product of the two is ever used
+        dot = (h * w * key).sum(-1)
+        dot = dot * torch.rsqrt(h.pow(2).mean(-1) + self.eps) * torch.rsqrt(key.pow(2).mean(-1) + self.eps)
+        dot = dot / math.sqrt(d)
+        gate = torch.sigmoid(dot.sign() * dot.abs().clamp(min=1e-6).sqrt())  # [n, S]
+        return (h + gate[..., None] * value[:, None, :]).to(streams.dtype)
+
+
+class EngramHasher(nn.Module):
+    """Table row ids for every position and Engram layer -> [n, n_tables, columns]."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.ngram = args.engram_max_ngram_size
+        self.identity_map = args.engram_compressed_vocab_size == args.vocab_size
+        self.register_buffer("token_map", torch.arange(args.vocab_size), persistent=False)
+        self.pad_id = args.engram_pad_token_id
+        self.register_buffer("multipliers", torch.tensor(args.engram_multipliers, dtype=torch.int64),
+                             persistent=False)
+        shape = (len(args.engram_layer_ids), self.ngram - 1, args.engram_n_heads)
+        primes = torch.tensor(args.engram_primes, dtype=torch.int64).view(shape)
+        offsets = (primes.flatten(1).cumsum(1) - primes.flatten(1)).view(shape)
+        self.register_buffer("primes", primes, persistent=False)
+        self.register_buffer("offsets", offsets, persistent=False)
+
+    def set_token_map(self, token_map: torch.Tensor) -> None:
+        self.token_map = token_map.to(self.token_map.device)
+        self.identity_map = False
+
+    def ngram_tokens(self, token_ids: torch.Tensor, history: list[int]) -> torch.Tensor:
+        """Compressed ids of the tokens at t, t-1, ..., t-G+1 for each new token [n, G]; before the sequence
+        start (and from there on, for larger offsets) the compressed pad id."""
+        pad = int(self.token_map[self.pad_id])
+        full = torch.cat((torch.tensor(history, dtype=torch.long, device=token_ids.device), token_ids))
+        compressed = self.token_map[full]
+        n, offset = token_ids.numel(), len(history)
+        columns = []
+        for s in range(self.ngram):
+            idx = torch.arange(n, device=token_ids.device) + offset - s
+            columns.append(torch.where(idx >= 0, compressed[idx.clamp(min=0)], torch.full_like(idx, pad)))
+        return torch.stack(columns, dim=1)
+
+    def forward(self, token_ids: torch.Tensor, history: list[int]) -> torch.Tensor:
+        grams = self.ngram_tokens(token_ids, history)
+        return torch.stack([ops.engram_hash(grams, self.multipliers[t], self.primes[t], self.offsets[t])
+                            for t in range(self.primes.shape[0])], dim=1)
+
+
+_WHITESPACE = re.compile(r"[ \t\r\n]+")
+_SPACE_SENTINEL = "\ue000"
+
+
+def normalize_token_text(text: str) -> str:
+    """Spec §7.1: NFKC, NFD, drop accents, lowercase, collapse whitespace runs, strip (a lone space survives)."""
+    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text))
+    text = "".join(ch for ch in text if not unicodedata.combining(ch)).lower()
+    text = _WHITESPACE.sub(" ", text)
+    if text == " ":
+        text = _SPACE_SENTINEL
+    return text.strip().replace(_SPACE_SENTINEL, " ")
+
+
+def compressed_token_map(tokenizer, expected_size: int) -> torch.Tensor:
+    """token id -> compressed id, first-seen order over ids (spec §7.1); needs a ``tokenizers.Tokenizer``."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    by_id = {i: tok for tok, i in vocab.items()}
+    keys: dict[str, int] = {}
+    mapping = []
+    for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True)):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" in text:
+            key = "raw:" + by_id.get(token_id, "")
+        else:
+            key = normalize_token_text(text) or text
+        mapping.append(keys.setdefault(key, len(keys)))
+    if len(keys) != expected_size:
+        raise ValueError(f"tokenizer yields {len(keys)} compressed token classes, "
+                         f"config engram_compressed_vocab_size says {expected_size}")
+    return torch.tensor(mapping, dtype=torch.long)

@@ -1,0 +1,54 @@
+"""Lightning indexer: picks, for each query, the ``index_topk`` compressed entries it attends to (spec §5.6).
+
+Index-source layers score every visible entry with MXFP4 queries against MXFP4 keys. From the candidate-source
+layer on, selection is two-level: the candidate source keeps the best ``candidate_topk_blocks`` blocks of
+``candidate_block_size`` entries (always including the newest), and later index sources rank only inside them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ... import ops
+from .args import ModelArgs
+from .kv_cache import CompressedKV
+from .linear import Linear
+from .norm import RMSNorm
+
+
+class Indexer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int, dtype: torch.dtype):
+        super().__init__()
+        self.args, self.layer_id = args, layer_id
+        self.n_heads, self.head_dim = args.index_n_heads, args.index_head_dim
+        self.ratio = args.layer_ratios[layer_id]
+        self.wq_b = Linear(args.q_lora_rank, self.n_heads * self.head_dim, "fp8")
+        self.weights_proj = Linear(args.hidden_size, self.n_heads, dtype=dtype)
+        if layer_id in args.kv_source_layer_ids:
+            self.wk = Linear(args.head_dim, self.head_dim, dtype=dtype)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps, dtype)
+        self.is_candidate_source = layer_id == args.candidate_source_layer_id
+        self.uses_candidates = args.uses_candidates(layer_id)
+
+    def index_keys(self, latents: torch.Tensor, positions: torch.Tensor, rotate: Callable) -> torch.Tensor:
+        """Keys of new compressed entries: k_norm(wk(latent)), rotated at the entry position, MXFP4."""
+        return ops.mxfp4_fake_quant(rotate(self.k_norm(self.wk(latents)), positions))
+
+    def forward(self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor, source: CompressedKV,
+                published: dict, rotate: Callable) -> torch.Tensor:
+        """x [q, d], q_latent [q, q_lora_rank] -> selected entry ids [q, index_topk] ascending, -1 padded."""
+        q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
+        head_weights = self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
+        scores = ops.indexer_scores(q, head_weights, source.index_keys.rows)  # [q, N]
+        visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
+        entry = torch.arange(scores.shape[1], device=scores.device)
+        scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+        if self.is_candidate_source:
+            published["candidates"] = ops.candidate_mask(
+                scores, visible, self.args.candidate_block_size, self.args.candidate_topk_blocks)
+        if self.uses_candidates:
+            scores = scores.masked_fill(~published["candidates"][-scores.shape[0]:], float("-inf"))
+        return ops.topk_indices(scores, self.args.index_topk)

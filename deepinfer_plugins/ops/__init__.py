@@ -1,0 +1,41 @@
+"""Op registry: every op the model calls, with its PyTorch reference and any registered backends.
+
+Call ops through this module (``ops.sparse_attention(...)``) so the registry picks the backend.
+"""
+
+from .quant import (
+    dequant_fp4_weight,
+    dequant_fp8_rows,
+    dequant_fp8_weight,
+    fp8_block_quant,
+    fp8_fake_quant,
+    mxfp4_fake_quant,
+    nvfp4_fake_quant,
+    quantize_fp4_weight,
+    quantize_fp8_rows,
+    quantize_fp8_weight,
+)
+from .reference import (
+    candidate_mask,
+    engram_hash,
+    hc_coefficients,
+    hc_collapse,
+    hc_expand,
+    indexer_scores,
+    rms_norm,
+    rope,
+    sinkhorn,
+    sparse_attention,
+    sqrtsoftplus_route,
+    swiglu,
+    topk_indices,
+)
+from .registry import OpBackendError, hookimpl, registry
+
+__all__ = [
+    "OpBackendError", "candidate_mask", "dequant_fp4_weight", "dequant_fp8_rows", "dequant_fp8_weight",
+    "engram_hash", "fp8_block_quant", "fp8_fake_quant", "hc_coefficients", "hc_collapse", "hc_expand", "hookimpl",
+    "indexer_scores", "mxfp4_fake_quant", "nvfp4_fake_quant", "quantize_fp4_weight", "quantize_fp8_rows",
+    "quantize_fp8_weight", "registry", "rms_norm", "rope", "sinkhorn", "sparse_attention", "sqrtsoftplus_route",
+    "swiglu", "topk_indices",
+]

@@ -1,0 +1,141 @@
+"""One registry entry per op: the PyTorch reference is the truth, accelerator backends register against it.
+
+Backends are discovered through pluggy: every module named in the ``deepinfer.op_backends`` entry-point group
+(ours: triton, cuda, ascend; third parties may add more) implements the ``deepinfer_register_ops`` hook and calls
+``registry.register_backend``. Discovery is lazy (first dispatch) so that importing the package never imports
+Triton, a compiled extension or ``torch_npu``. A backend that cannot load is skipped with one INFO line.
+
+Selection, per call, by the device of the first tensor argument: ``cuda`` tries cuda then triton, ``npu`` tries
+ascend, everything falls back to ``reference``. ``DEEPINFER_OP_BACKEND`` forces a choice: either one backend
+name for every op (``triton``) or a comma list of ``op=backend`` pairs (``fp8_quant=triton,sinkhorn=reference``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pluggy
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "deepinfer.op_backends"
+hookspec = pluggy.HookspecMarker("deepinfer")
+hookimpl = pluggy.HookimplMarker("deepinfer")
+
+DEVICE_PREFERENCE = {"cuda": ("cuda", "triton"), "npu": ("ascend",), "cpu": ()}
+
+
+class OpBackendError(RuntimeError):
+    """A forced backend does not exist or cannot run the call."""
+
+
+class BackendSpec:
+    @hookspec
+    def deepinfer_register_ops(self, registry: "OpRegistry") -> None:
+        """Register this backend's implementations with ``registry.register_backend``."""
+
+
+@dataclass
+class Op:
+    name: str
+    reference: Callable
+    backends: dict[str, Callable] = field(default_factory=dict)
+
+
+class OpRegistry:
+    def __init__(self) -> None:
+        self.ops: dict[str, Op] = {}
+        self._discovered = False
+        self._unavailable: dict[str, str] = {}
+
+    def reference(self, name: str) -> Callable[[Callable], Callable]:
+        """Decorator: declare ``fn`` as op ``name``'s reference and return a dispatching callable."""
+
+        def wrap(fn: Callable) -> Callable:
+            if name in self.ops:
+                raise ValueError(f"op {name!r} is already registered")
+            self.ops[name] = Op(name, fn)
+
+            def dispatch(*args, **kwargs):
+                return self.select(name, _first_device(args))(*args, **kwargs)
+
+            dispatch.__name__ = fn.__name__
+            dispatch.__doc__ = fn.__doc__
+            dispatch.reference = fn
+            dispatch.op_name = name
+            return dispatch
+
+        return wrap
+
+    def register_backend(self, op_name: str, backend: str, fn: Callable) -> None:
+        if op_name not in self.ops:
+            raise KeyError(f"backend {backend!r} registers unknown op {op_name!r}; known: {sorted(self.ops)}")
+        self.ops[op_name].backends[backend] = fn
+
+    def mark_unavailable(self, backend: str, reason: str) -> None:
+        if backend not in self._unavailable:
+            self._unavailable[backend] = reason
+            logger.info("deepinfer op backend %r unavailable (%s); using the reference", backend, reason)
+
+    def discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        manager = pluggy.PluginManager("deepinfer")
+        manager.add_hookspecs(BackendSpec)
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                manager.register(ep.load(), name=ep.name)
+            except Exception as exc:  # a backend's import failing must never break the package
+                self.mark_unavailable(ep.name, f"{type(exc).__name__}: {exc}")
+        manager.hook.deepinfer_register_ops(registry=self)
+
+    def forced(self, name: str) -> str | None:
+        value = os.environ.get("DEEPINFER_OP_BACKEND", "").strip()
+        if not value:
+            return None
+        if "=" not in value:
+            return value
+        for pair in value.split(","):
+            op_name, _, backend = pair.partition("=")
+            if op_name.strip() == name:
+                return backend.strip()
+        return None
+
+    def select(self, name: str, device_type: str) -> Callable:
+        self.discover()
+        op = self.ops[name]
+        forced = self.forced(name)
+        if forced is not None and forced != "reference":
+            if forced in op.backends:
+                return op.backends[forced]
+            if forced in self._unavailable:
+                return op.reference
+            known = sorted(op.backends) + ["reference"]
+            raise OpBackendError(f"DEEPINFER_OP_BACKEND asks for {forced!r} for op {name!r}; available: {known}")
+        if forced == "reference":
+            return op.reference
+        for backend in DEVICE_PREFERENCE.get(device_type, ()):
+            if backend in op.backends:
+                return op.backends[backend]
+        return op.reference
+
+    def backends_of(self, name: str) -> list[str]:
+        self.discover()
+        return ["reference", *sorted(self.ops[name].backends)]
+
+
+def _first_device(args) -> str:
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device.type
+    return "cpu"
+
+
+registry = OpRegistry()

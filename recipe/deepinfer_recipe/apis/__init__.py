@@ -1,0 +1,1 @@
+"""Typed request models and request -> conversation conversion, one module per API."""

@@ -1,0 +1,322 @@
+"""OpenAI Responses: request models (input items, function / namespace / apply_patch tools)
+and conversion to a Conversation."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, model_validator
+
+from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
+from ..errors import ConversionError
+from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
+                       resolve_thinking, sampling)
+from .chat import make_parsing
+from .common import Model, _TAGS, check_strict, make_tool, output_constraint, validate
+
+_TAGS.update({"message", "reasoning", "function_call", "function_call_output", "input_text",
+              "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
+              "custom", "web_search", "web_search_preview", "custom_tool_call",
+              "custom_tool_call_output", "refusal", "developer"})
+
+with open(os.path.join(os.path.dirname(__file__), "..", "data", "apply_patch_tool.json"),
+          encoding="utf-8") as _f:
+    APPLY_PATCH = json.load(_f)
+
+
+class InputText(Model):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class Refusal(Model):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class InputImage(Model):
+    type: Literal["input_image"]
+    image_url: Optional[str] = None
+    detail: Literal["low", "high", "original", "auto"] = "high"
+
+
+Part = Annotated[Union[InputText, InputImage, Refusal], Field(discriminator="type")]
+
+
+class MessageItem(Model):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[Part]]
+
+
+class ReasoningText(Model):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(Model):
+    type: Literal["reasoning"]
+    content: Optional[list[ReasoningText]] = None
+    summary: Optional[list[ReasoningText]] = None
+    encrypted_content: Optional[str] = None
+
+
+class FunctionCallItem(Model):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = ""
+
+
+class FunctionCallOutputItem(Model):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: Union[str, list[Part]]
+
+
+class CustomToolCallItem(Model):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str = ""
+
+
+class CustomToolCallOutputItem(Model):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: Union[str, list[Part]]
+
+
+Item = Annotated[Union[MessageItem, ReasoningItem, FunctionCallItem, FunctionCallOutputItem,
+                       CustomToolCallItem, CustomToolCallOutputItem], Field(discriminator="type")]
+
+
+class FunctionTool(Model):
+    type: Literal["function"]
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+    defer_loading: bool = False
+
+
+class NamespaceTool(Model):
+    type: Literal["namespace"]
+    name: str
+    description: Optional[str] = None
+    tools: list[FunctionTool]
+
+
+class CustomTool(Model):
+    type: Literal["custom"]
+    name: str
+
+
+class WebSearchTool(Model):
+    type: Literal["web_search", "web_search_preview"]
+
+
+Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool],
+                 Field(discriminator="type")]
+
+
+class NamedTool(Model):
+    type: Literal["function", "custom"]
+    name: str
+
+
+class Reasoning(Model):
+    effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]] = None
+    summary: Optional[str] = None
+
+
+class Thinking(Model):
+    type: Literal["enabled", "disabled", "adaptive"]
+
+
+class TextFormat(Model):
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: Any = Field(default=None, alias="schema")
+    name: Optional[str] = None
+
+
+class TextConfig(Model):
+    format: Optional[TextFormat] = None
+
+
+class ResponsesRequest(Model):
+    """POST /v1/responses body."""
+
+    model: str
+    input: Union[str, list[Item]]
+    instructions: Optional[str] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedTool]] = None
+    reasoning: Optional[Reasoning] = None
+    text: Optional[TextConfig] = None
+    max_output_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_logprobs: Optional[int] = None
+    stream: Optional[bool] = None
+    user: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_item_type(cls, data):
+        # an input item with a role but no type is a message
+        if isinstance(data, dict) and isinstance(data.get("input"), list):
+            items = data["input"]
+            if any(isinstance(x, dict) and "type" not in x for x in items):
+                data = dict(data)
+                data["input"] = [dict(x, type="message") if isinstance(x, dict) and "type" not in x
+                                 else x for x in items]
+        return data
+
+
+def _parts(content, path: str) -> list:
+    if isinstance(content, str):
+        return [content]
+    chunks = []
+    for i, p in enumerate(content):
+        if p.type == "input_image":
+            url = p.image_url or ""
+            chunks.append([ImageSource("data_url" if url.startswith("data:") else "url", url,
+                                       p.detail, f"{path}[{i}]")])
+        elif p.type == "refusal":
+            chunks.append([p.refusal])
+        else:
+            chunks.append([p.text])
+    return join_parts(chunks)
+
+
+def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = True):
+    """-> (tools, namespace_tool_map). Namespace tools become `ns::name` (V4.1, description
+    `ns description\nfunction description`) or `ns__name` (V4, function description only)."""
+    tools, ns_map = [], {}
+    for i, t in enumerate(req.tools or []):
+        if t.type == "function":
+            tools.append(make_tool(t.name, t.description, t.parameters, t.strict, t.defer_loading))
+        elif t.type == "namespace":
+            for f in t.tools:
+                if v41:
+                    full = f"{t.name}::{f.name}"
+                    desc = "\n".join(x for x in (t.description, f.description) if x is not None)
+                    desc = desc if (t.description or f.description) else None
+                else:
+                    full, desc = f"{t.name}__{f.name}", f.description
+                tools.append(make_tool(full, desc, f.parameters, f.strict, f.defer_loading))
+                ns_map[full] = (t.name, f.name)
+        elif t.type == "custom":
+            if t.name != "apply_patch":
+                raise ConversionError(f"Unsupported custom tool: '{t.name}'. Only 'apply_patch' "
+                                      "is supported.", param=f"tools[{i}]")
+            ap = APPLY_PATCH["v41" if v41 else "v4"]
+            tools.append(make_tool(ap["name"], ap["description"], ap["parameters"]))
+        else:
+            if opts.responses_web_search == "reject":
+                raise ConversionError(f"tools[{i}]: web_search is not supported", param=f"tools[{i}]")
+    return tools, ns_map
+
+
+def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
+    req: ResponsesRequest = body if isinstance(body, ResponsesRequest) else \
+        validate(ResponsesRequest, body)
+    version = resolve_model(req.model, opts)
+    # the Responses API has no `thinking` field: reasoning.effort decides
+    thinking, effort = resolve_thinking(None, req.reasoning.effort if req.reasoning else None, opts)
+    max_tokens = req.max_output_tokens
+    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
+    if max_tokens is not None and not (1 <= max_tokens <= bound):
+        raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
+                              f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
+    tools, ns_map = flatten_tools(req, opts, version is ModelVersion.V41)
+    check_strict(tools)
+    tc = req.tool_choice
+    tool_choice = "auto"
+    if isinstance(tc, str):
+        tool_choice = tc
+    elif tc is not None:
+        tools = [t for t in tools if t.name == tc.name]
+        if not tools:
+            raise ConversionError(f"tool_choice: tool {tc.name!r} is not in tools", param="tool_choice")
+        tool_choice = "required"
+
+    msgs: list = []
+    if req.instructions:
+        msgs.append(Message("system", [req.instructions]))
+    items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    cur = None  # the assistant message being assembled from consecutive items
+
+    def assistant(new_if_called=True):
+        nonlocal cur
+        if cur is None or (new_if_called and cur.tool_calls):
+            cur = Message("assistant", [])
+            msgs.append(cur)
+        return cur
+
+    for i, it in enumerate(items):
+        t = it.type
+        path = f"input[{i}]"
+        if t == "reasoning":
+            a = assistant()
+            texts = [c.text for c in (it.content or [])]
+            a.reasoning_content = (a.reasoning_content or "") + "".join(texts)
+        elif t in ("function_call", "custom_tool_call"):
+            a = assistant(False)
+            args = it.arguments if t == "function_call" else json.dumps(
+                {"input": it.input}, ensure_ascii=False)
+            a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, it.name, args)]
+        elif t in ("function_call_output", "custom_tool_call_output"):
+            cur = None
+            msgs.append(Message("tool", _parts(it.output, path + ".output"), tool_call_id=it.call_id))
+        else:
+            role = it.role
+            parts = _parts(it.content, path + ".content")
+            if role == "assistant":
+                a = assistant()
+                a.parts = join_parts([a.parts, parts]) if a.parts else parts
+            else:
+                cur = None
+                msgs.append(Message(role, parts))
+    if not msgs:
+        raise ConversionError("Empty input messages", param="input")
+    for k, m in enumerate(msgs):
+        if m.role == "assistant" and m.tool_calls:
+            m.tool_calls.sort(key=lambda c: c.id)
+            outs = set()
+            j = k + 1
+            while j < len(msgs) and msgs[j].role == "tool":
+                outs.add(msgs[j].tool_call_id)
+                j += 1
+            for c in m.tool_calls:
+                if c.id not in outs:
+                    raise ConversionError(f"No tool output found for tool call {c.id}.",
+                                          param="input")
+
+    fmt, schema = "text", None
+    f = req.text.format if req.text else None
+    if f is not None and f.type == "json_object":
+        fmt = "json_object"
+    elif f is not None and f.type == "json_schema":
+        fmt, schema = "json_schema", f.schema_
+    conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
+    if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
+        raise ConversionError("Response input messages must contain the word 'json' in some form "
+                              "to use 'text.format' of type 'json_object'.", param="text.format")
+    if tool_choice == "required" and thinking and tools:
+        raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
+    rendered_tools = bool(tools) and tool_choice != "none"
+    temperature, top_p = sampling(version, thinking, rendered_tools, req.temperature, req.top_p)
+    inf = InferenceOptions(max_tokens, temperature, top_p, False, req.top_logprobs, None,
+                           output_constraint(conv))
+    parsing = make_parsing(conv, rendered_tools, [], opts)
+    echo = {"instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "temperature": req.temperature if req.temperature is not None else 1.0,
+            "top_p": req.top_p if req.top_p is not None else 1.0,
+            "top_logprobs": req.top_logprobs or 0, "user": req.user,
+            "tool_choice": req.tool_choice, "tools": req.tools, "reasoning": req.reasoning,
+            "text": req.text}
+    return ConvertedRequest("responses", req.model, version, conv, inf, parsing, bool(req.stream),
+                            True, ns_map, echo)

@@ -1,0 +1,88 @@
+"""JSON text as the prompt templates write it.
+
+Both model versions use `", "` / `": "` separators, keep key order and leave non-ASCII
+unescaped. They differ only in how floats are spelled:
+
+* V4.1 writes Python `repr(float)`: `1e-05`, `1e+20`, `100.0`.
+* V4 writes the same digits but keeps plain decimals down to 1e-5 (`0.00001`) and drops the
+  zero padding of the exponent (`1e-7`).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+_STR = json.encoder.py_encode_basestring  # escapes only what JSON requires (no ASCII escaping)
+try:  # the C version is much faster
+    from _json import encode_basestring as _STR  # type: ignore[no-redef]
+except ImportError:  # pragma: no cover
+    pass
+
+
+def float_v41(x: float) -> str:
+    if x != x or math.isinf(x):
+        return "null"
+    return repr(x)
+
+
+def float_v4(x: float) -> str:
+    if x != x or math.isinf(x):
+        return "null"
+    r = repr(x)
+    if "e" not in r:
+        return r
+    mant, exp = r.split("e")
+    e = int(exp)
+    if -5 <= e < 0:
+        neg = mant.startswith("-")
+        digits = mant.lstrip("-").replace(".", "")
+        s = "0." + "0" * (-e - 1) + digits
+        return ("-" if neg else "") + s
+    return f"{mant}e{'-' if e < 0 else '+'}{abs(e)}"
+
+
+def make_dumps(float_repr):
+    def dumps(o) -> str:
+        t = type(o)
+        if t is str:
+            return _STR(o)
+        if t is dict:
+            if not o:
+                return "{}"
+            return "{" + ", ".join(_STR(str(k)) + ": " + dumps(v) for k, v in o.items()) + "}"
+        if t is list or t is tuple:
+            if not o:
+                return "[]"
+            return "[" + ", ".join(dumps(v) for v in o) + "]"
+        if o is None:
+            return "null"
+        if o is True:
+            return "true"
+        if o is False:
+            return "false"
+        if t is int:
+            return str(o)
+        if t is float:
+            return float_repr(o)
+        if isinstance(o, str):
+            return _STR(o)
+        if isinstance(o, int):
+            return str(int(o))
+        if isinstance(o, float):
+            return float_repr(float(o))
+        if isinstance(o, dict):
+            return dumps(dict(o))
+        if isinstance(o, (list, tuple)):
+            return dumps(list(o))
+        raise TypeError(f"cannot serialise {t.__name__} as JSON")
+
+    return dumps
+
+
+dumps_v4 = make_dumps(float_v4)
+dumps_v41 = make_dumps(float_v41)
+
+
+def compact(o) -> str:
+    """Compact JSON (`,` / `:`), non-ASCII unescaped: the form used in output constraints."""
+    return json.dumps(o, ensure_ascii=False, separators=(",", ":"))

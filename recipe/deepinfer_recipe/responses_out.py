@@ -1,0 +1,328 @@
+"""Response builders: parser deltas -> Chat Completions / Responses / Messages responses,
+streamed (event lists) or not (one dict)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+from .parse import ContentDelta, ReasoningDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
+
+CHAT_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter",
+               "tool_calls": "tool_calls"}
+MSG_STOP = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal",
+            "tool_calls": "tool_use"}
+
+
+class ChatBuilder:
+    """Chat Completions chunks (`stream`) and the final `chat.completion` object."""
+
+    def __init__(self, rid: str, model: str, thinking: bool, created: Optional[int] = None):
+        self.rid, self.model, self.thinking = rid, model, thinking
+        self.created = int(time.time()) if created is None else created
+
+    def _chunk(self, delta: dict, finish=None, usage=None) -> dict:
+        return {"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "system_fingerprint": None,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                "usage": usage}
+
+    def start(self) -> list:
+        d = {"role": "assistant", "content": None}
+        if self.thinking:
+            d["reasoning_content"] = ""
+        return [(None, self._chunk(d))]
+
+    def deltas(self, ds: list) -> list:
+        ev = []
+        for d in ds:
+            c = d.__class__
+            if c is ContentDelta:
+                ev.append((None, self._chunk({"content": d.text, "reasoning_content": None})))
+            elif c is ReasoningDelta:
+                ev.append((None, self._chunk({"content": None, "reasoning_content": d.text})))
+            elif c is ToolCallStart:
+                ev.append((None, self._chunk({"tool_calls": [{"index": d.index, "id": d.id,
+                                                             "type": "function", "function": {
+                                                                 "name": d.name, "arguments": ""}}]})))
+            elif c is ToolCallArgsDelta:
+                ev.append((None, self._chunk({"tool_calls": [{"index": d.index, "function": {
+                    "arguments": d.text}}]})))
+        return ev
+
+    def end(self, res, usage: dict) -> list:
+        return [(None, self._chunk({"content": "", "reasoning_content": None},
+                                   CHAT_FINISH[res.finish_reason], usage))]
+
+    @staticmethod
+    def usage(prompt: int, completion: int, cached: int, reasoning: int = 0) -> dict:
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached},
+                "prompt_cache_hit_tokens": cached, "prompt_cache_miss_tokens": prompt - cached}
+
+    def final(self, res, usage: dict) -> dict:
+        msg = {"role": "assistant", "content": res.content}
+        if res.reasoning is not None:
+            msg["reasoning_content"] = res.reasoning
+        if res.tool_calls:
+            msg["tool_calls"] = [{"index": i, "id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for i, c in enumerate(res.tool_calls)]
+        return {"id": self.rid, "object": "chat.completion", "created": self.created,
+                "model": self.model, "choices": [{"index": 0, "message": msg, "logprobs": None,
+                                                  "finish_reason": CHAT_FINISH[res.finish_reason]}],
+                "usage": usage, "system_fingerprint": None}
+
+
+class MessagesBuilder:
+    """Anthropic Messages SSE events and the final `message` object."""
+
+    def __init__(self, rid: str, model: str, thinking: bool, signature: Optional[str] = None):
+        self.rid, self.model, self.thinking = rid, model, thinking
+        self.signature = rid if signature is None else signature
+        self.block = None  # kind of the open block
+        self.index = -1
+        self.ping = False
+
+    def _usage(self, inp, out, cached) -> dict:
+        return {"input_tokens": inp, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached, "output_tokens": out, "service_tier": "standard"}
+
+    def start(self, prompt: int, cached: int) -> list:
+        return [("message_start", {"type": "message_start", "message": {
+            "id": self.rid, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": self._usage(prompt, 0, cached)}})]
+
+    def _close(self, ev: list) -> None:
+        if self.block is None:
+            return
+        if self.block == "thinking":
+            ev.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                               "delta": {"type": "signature_delta",
+                                                         "signature": self.signature}}))
+        ev.append(("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+        self.block = None
+
+    def _open(self, kind: str, block: dict, ev: list) -> None:
+        self._close(ev)
+        self.index += 1
+        self.block = kind
+        ev.append(("content_block_start", {"type": "content_block_start", "index": self.index,
+                                           "content_block": block}))
+        if not self.ping:
+            self.ping = True
+            ev.append(("ping", {"type": "ping"}))
+
+    def deltas(self, ds: list) -> list:
+        ev: list = []
+        for d in ds:
+            c = d.__class__
+            if c is ReasoningDelta:
+                if self.block != "thinking":
+                    self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""}, ev)
+                ev.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                   "delta": {"type": "thinking_delta", "thinking": d.text}}))
+            elif c is ContentDelta:
+                if self.block != "text":
+                    self._open("text", {"type": "text", "text": ""}, ev)
+                ev.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                   "delta": {"type": "text_delta", "text": d.text}}))
+            elif c is ToolCallStart:
+                self._open("tool_use", {"type": "tool_use", "id": d.id, "name": d.name, "input": {}}, ev)
+            elif c is ToolCallArgsDelta:
+                ev.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                   "delta": {"type": "input_json_delta",
+                                                             "partial_json": d.text}}))
+            elif c is ToolCallEnd:
+                self._close(ev)
+        return ev
+
+    def end(self, res, prompt: int, completion: int, cached: int) -> list:
+        ev: list = []
+        self._close(ev)
+        stop = "stop_sequence" if res.stop_sequence is not None and res.finish_reason == "stop" \
+            else MSG_STOP[res.finish_reason]
+        ev.append(("message_delta", {"type": "message_delta", "delta": {
+            "stop_reason": stop, "stop_sequence": res.stop_sequence},
+            "usage": self._usage(prompt, completion, cached)}))
+        ev.append(("message_stop", {"type": "message_stop"}))
+        return ev
+
+    def final(self, res, prompt: int, completion: int, cached: int) -> dict:
+        content = []
+        if res.reasoning:
+            content.append({"type": "thinking", "thinking": res.reasoning, "signature": self.signature})
+        if res.content:
+            content.append({"type": "text", "text": res.content})
+        for c in res.tool_calls:
+            try:
+                inp = json.loads(c.arguments) if c.arguments else {}
+            except ValueError:
+                inp = {}
+            content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": inp})
+        stop = "stop_sequence" if res.stop_sequence is not None and res.finish_reason == "stop" \
+            else MSG_STOP[res.finish_reason]
+        return {"id": self.rid, "type": "message", "role": "assistant", "model": self.model,
+                "content": content, "stop_reason": stop, "stop_sequence": res.stop_sequence,
+                "usage": self._usage(prompt, completion, cached)}
+
+
+class ResponsesBuilder:
+    """OpenAI Responses SSE events and the final `response` object."""
+
+    def __init__(self, rid: str, model: str, thinking: bool, echo: Optional[dict] = None,
+                 tools_echo: Optional[list] = None, namespace_tool_map: Optional[dict] = None,
+                 created: Optional[int] = None):
+        self.rid, self.model, self.thinking = rid, model, thinking
+        self.echo = echo or {}
+        self.tools_echo = tools_echo or []
+        self.ns = namespace_tool_map or {}
+        self.created = int(time.time()) if created is None else created
+        self.seq = 0
+        self.items: list = []
+        self.cur: Optional[dict] = None
+
+    def _ev(self, name: str, data: dict) -> tuple:
+        data["sequence_number"] = self.seq
+        self.seq += 1
+        return (name, data)
+
+    def response(self, status: str, output: list, usage=None, incomplete=None) -> dict:
+        e = self.echo
+        return {"id": self.rid, "object": "response", "created_at": self.created, "status": status,
+                "background": False,
+                "completed_at": self.created if status in ("completed", "incomplete") else None,
+                "content_filters": None, "error": None, "frequency_penalty": 0.0,
+                "incomplete_details": incomplete, "instructions": e.get("instructions"),
+                "max_output_tokens": e.get("max_output_tokens"), "max_tool_calls": None,
+                "model": self.model, "moderation": None, "output": output,
+                "parallel_tool_calls": True, "presence_penalty": 0.0, "previous_response_id": None,
+                "prompt_cache_key": None, "prompt_cache_retention": None,
+                "reasoning": {"effort": None, "summary": None}, "safety_identifier": None,
+                "service_tier": "default", "store": False, "temperature": e.get("temperature", 1.0),
+                "text": {"format": {"type": "text"}, "verbosity": None}, "tool_choice": "auto",
+                "tools": self.tools_echo, "top_logprobs": e.get("top_logprobs", 0),
+                "top_p": e.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
+                "user": e.get("user"), "metadata": {}}
+
+    def start(self) -> list:
+        r = self.response("in_progress", [])
+        return [self._ev("response.created", {"type": "response.created", "response": r}),
+                self._ev("response.in_progress", {"type": "response.in_progress", "response": r})]
+
+    def _close(self, ev: list, final_phase: Optional[str] = None) -> None:
+        it = self.cur
+        if it is None:
+            return
+        i = len(self.items) - 1
+        kind = it["type"]
+        if kind == "reasoning":
+            text = it["content"][0]["text"]
+            ev.append(self._ev("response.reasoning_text.done", {"type": "response.reasoning_text.done",
+                      "content_index": 0, "item_id": it["id"], "output_index": i, "text": text}))
+            ev.append(self._ev("response.content_part.done", {"type": "response.content_part.done",
+                      "content_index": 0, "item_id": it["id"], "output_index": i,
+                      "part": {"type": "reasoning_text", "text": text}}))
+        elif kind == "message":
+            text = it["content"][0]["text"]
+            if final_phase:
+                it["phase"] = final_phase
+            ev.append(self._ev("response.output_text.done", {"type": "response.output_text.done",
+                      "content_index": 0, "item_id": it["id"], "logprobs": [], "output_index": i,
+                      "text": text}))
+            ev.append(self._ev("response.content_part.done", {"type": "response.content_part.done",
+                      "content_index": 0, "item_id": it["id"], "output_index": i,
+                      "part": {"type": "output_text", "annotations": [], "logprobs": [], "text": text}}))
+        else:
+            ev.append(self._ev("response.function_call_arguments.done", {
+                "type": "response.function_call_arguments.done", "arguments": it["arguments"],
+                "item_id": it["id"], "output_index": i}))
+        it["status"] = "completed"
+        ev.append(self._ev("response.output_item.done", {"type": "response.output_item.done",
+                  "item": _copy(it), "output_index": i}))
+        self.cur = None
+
+    def _open(self, item: dict, ev: list, part: Optional[dict]) -> None:
+        self.items.append(item)
+        self.cur = item
+        i = len(self.items) - 1
+        ev.append(self._ev("response.output_item.added", {"type": "response.output_item.added",
+                  "item": _copy(item), "output_index": i}))
+        if part is not None:
+            item["content"] = []
+            ev.append(self._ev("response.content_part.added", {"type": "response.content_part.added",
+                      "content_index": 0, "item_id": item["id"], "output_index": i, "part": dict(part)}))
+            item["content"].append(part)
+
+    def deltas(self, ds: list) -> list:
+        ev: list = []
+        for d in ds:
+            c = d.__class__
+            n = len(self.items)
+            if c is ReasoningDelta:
+                if self.cur is None or self.cur["type"] != "reasoning":
+                    self._close(ev)
+                    n = len(self.items)
+                    self._open({"type": "reasoning", "id": f"rs_{self.rid}_{n}", "status": "in_progress",
+                                "content": [], "summary": [], "encrypted_content": f"{self.rid}-{n}"},
+                               ev, {"type": "reasoning_text", "text": ""})
+                self.cur["content"][0]["text"] += d.text
+                ev.append(self._ev("response.reasoning_text.delta", {"type": "response.reasoning_text.delta",
+                          "content_index": 0, "delta": d.text, "item_id": self.cur["id"],
+                          "output_index": len(self.items) - 1}))
+            elif c is ContentDelta:
+                if self.cur is None or self.cur["type"] != "message":
+                    self._close(ev)
+                    n = len(self.items)
+                    self._open({"type": "message", "id": f"msg_{self.rid}_{n}", "status": "in_progress",
+                                "role": "assistant", "phase": "final_answer", "content": []}, ev,
+                               {"type": "output_text", "annotations": [], "logprobs": [], "text": ""})
+                self.cur["content"][0]["text"] += d.text
+                ev.append(self._ev("response.output_text.delta", {"type": "response.output_text.delta",
+                          "content_index": 0, "delta": d.text, "item_id": self.cur["id"], "logprobs": [],
+                          "output_index": len(self.items) - 1}))
+            elif c is ToolCallStart:
+                self._close(ev, "commentary")
+                n = len(self.items)
+                name = d.name
+                item = {"type": "function_call", "id": f"fc_{self.rid}_{n}", "status": "in_progress",
+                        "call_id": d.id, "name": name, "arguments": ""}
+                if name in self.ns:
+                    item["namespace"], item["name"] = self.ns[name]
+                self._open(item, ev, None)
+            elif c is ToolCallArgsDelta:
+                self.cur["arguments"] += d.text
+                ev.append(self._ev("response.function_call_arguments.delta", {
+                    "type": "response.function_call_arguments.delta", "delta": d.text,
+                    "item_id": self.cur["id"], "output_index": len(self.items) - 1}))
+            elif c is ToolCallEnd:
+                self._close(ev)
+        return ev
+
+    def _usage(self, prompt, completion, cached, reasoning=0) -> dict:
+        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+                "total_tokens": prompt + completion}
+
+    def end(self, res, prompt: int, completion: int, cached: int) -> list:
+        ev: list = []
+        self._close(ev)
+        status, inc = _status(res.finish_reason)
+        r = self.response(status, [_copy(i) for i in self.items],
+                          self._usage(prompt, completion, cached), inc)
+        name = "response.completed" if status == "completed" else "response.incomplete"
+        ev.append(self._ev(name, {"type": name, "response": r}))
+        return ev
+
+
+def _status(fr: str):
+    if fr == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    if fr == "content_filter":
+        return "incomplete", {"reason": "content_filter"}
+    return "completed", None
+
+
+def _copy(d: dict) -> dict:
+    return json.loads(json.dumps(d))

@@ -1,0 +1,279 @@
+"""Seeded random request generators for the differential suite (one per API).
+
+Each generator takes a `random.Random` and returns a request dict. The cases deliberately
+mix the features that interact in the templates: system placement, thinking / effort,
+tools and tool_choice, multi-turn reasoning, tool results, images, JSON mode, prefix.
+"""
+from __future__ import annotations
+
+import random
+
+MODELS = ["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash"]
+WORDS = ["alpha", "Beta", "json", "数据", "émoji 🔎", "<｜User｜>", "</think>", "a\nb", "  ", "x",
+         "<｜ref｜>r<｜/ref｜>", "<｜image｜>", "\"quote\"", "tab\tend", "1e-5"]
+EFFORTS = [None, None, "none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+def text(r: random.Random, n: int = 4) -> str:
+    return " ".join(r.choice(WORDS) for _ in range(r.randint(1, n)))
+
+
+def schema(r: random.Random) -> dict:
+    props = {}
+    for i in range(r.randint(0, 3)):
+        props[f"p{i}"] = r.choice([{"type": "string", "description": text(r, 2)},
+                                   {"type": "integer", "minimum": 0},
+                                   {"type": "number", "exclusiveMinimum": 1e-5},
+                                   {"type": "array", "items": {"type": "string"}},
+                                   {"type": "object", "properties": {"k": {"type": "boolean"}}}])
+    return {"type": "object", "properties": props}
+
+
+def args(r: random.Random) -> dict:
+    out = {}
+    for i in range(r.randint(0, 3)):
+        out[f"p{i}"] = r.choice([text(r, 2), 3, 2.5, 1e-7, True, None, [1, "two"], {"k": False},
+                                 -0.0, 12345678901234567890])
+    return out
+
+
+def tool_names(r):
+    return [f"tool_{i}" for i in range(r.randint(1, 3))]
+
+
+def chat(r: random.Random) -> dict:
+    import json
+    names = tool_names(r)
+    use_tools = r.random() < 0.55
+    req: dict = {"model": r.choice(MODELS), "messages": []}
+    msgs = req["messages"]
+    if r.random() < 0.5:
+        msgs.append({"role": "system", "content": text(r)})
+    call_no = 0
+    for turn in range(r.randint(1, 4)):
+        kind = r.random()
+        if kind < 0.1 and turn:
+            msgs.append({"role": "system", "content": r.choice(["", text(r)])})
+        if kind > 0.92:
+            msgs.append({"role": "latest_reminder", "content": text(r)})
+        if r.random() < 0.2:
+            msgs.append({"role": "user", "content": [
+                {"type": "text", "text": text(r)},
+                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                {"type": "text", "text": text(r)}]})
+        else:
+            msgs.append({"role": "user", "content": text(r)})
+        if r.random() < 0.15:
+            msgs.append({"role": "user", "content": text(r)})
+        a: dict = {"role": "assistant", "content": r.choice(["", text(r)])}
+        if r.random() < 0.6:
+            a["reasoning_content"] = text(r)
+        if use_tools and r.random() < 0.6:
+            calls = []
+            for _ in range(r.randint(1, 3)):
+                call_no += 1
+                cid = r.choice(["call_", "c", "z"]) + str(r.randint(0, 99))
+                argtxt = json.dumps(args(r)) if r.random() < 0.9 else r.choice(["not json", "[1,2]"])
+                calls.append({"id": cid + f"_{call_no}", "type": "function",
+                              "function": {"name": r.choice(names), "arguments": argtxt}})
+            a["tool_calls"] = calls
+            msgs.append(a)
+            order = list(calls)
+            r.shuffle(order)
+            for c in order:
+                msgs.append({"role": "tool", "tool_call_id": c["id"], "content": text(r)})
+        else:
+            msgs.append(a)
+    msgs.append({"role": "user", "content": text(r)})
+    if r.random() < 0.1:
+        msgs.append({"role": "assistant", "content": r.choice(["", "Once"]),
+                     "reasoning_content": text(r), "prefix": True})
+    if use_tools:
+        req["tools"] = [{"type": "function", "function": {
+            "name": n, **({"description": text(r)} if r.random() < 0.7 else {}),
+            "parameters": schema(r)}} for n in names]
+        tc = r.random()
+        if tc < 0.1:
+            req["tool_choice"] = "none"
+        elif tc < 0.2:
+            req["tool_choice"] = "required"
+        elif tc < 0.25:
+            req["tool_choice"] = {"type": "function", "function": {"name": names[0]}}
+        elif tc < 0.4:
+            req["tool_choice"] = "auto"
+    th = r.random()
+    if th < 0.2:
+        req["thinking"] = {"type": "disabled"}
+    elif th < 0.3:
+        req["thinking"] = {"type": r.choice(["enabled", "adaptive"])}
+    e = r.choice(EFFORTS)
+    if e:
+        req["reasoning_effort"] = e
+    rf = r.random()
+    if rf < 0.08:
+        req["response_format"] = {"type": "json_object"}
+    elif rf < 0.13:
+        req["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema(r)}}
+    if r.random() < 0.15:
+        req["stop"] = r.choice(["END", ["END", "\n\n"]])
+    if r.random() < 0.2:
+        req["temperature"] = r.choice([0.0, 0.3, 1.5])
+    if r.random() < 0.2:
+        req["top_p"] = r.choice([0.5, 0.97, 1.0])
+    return req
+
+
+def _chat_base(r: random.Random) -> dict:
+    req = chat(r)
+    # the Responses / Messages shapes have no prefix continuation or latest_reminder
+    req["messages"] = [m for m in req["messages"] if not m.get("prefix")
+                       and m["role"] != "latest_reminder"]
+    return req
+
+
+def responses(r: random.Random) -> dict:
+    c = _chat_base(r)
+    out: dict = {"model": c["model"], "input": []}
+    items = out["input"]
+    for m in c["messages"]:
+        role = m["role"]
+        if role == "system":
+            if not items and r.random() < 0.5 and "instructions" not in out:
+                out["instructions"] = m["content"]
+            else:
+                items.append({"type": "message", "role": r.choice(["system", "developer"]),
+                              "content": m["content"]})
+        elif role == "user":
+            if isinstance(m["content"], list):
+                parts = [{"type": "input_text", "text": p["text"]} if p["type"] == "text" else
+                         {"type": "input_image", "image_url": p["image_url"]["url"]}
+                         for p in m["content"]]
+                items.append({"type": "message", "role": "user", "content": parts})
+            else:
+                items.append({"role": "user", "content": m["content"]})
+        elif role == "assistant":
+            if m.get("reasoning_content") is not None:
+                items.append({"type": "reasoning", "summary": [],
+                              "content": [{"type": "reasoning_text", "text": m["reasoning_content"]}]})
+            if m.get("content"):
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": m["content"]}]})
+            for tc in m.get("tool_calls") or []:
+                items.append({"type": "function_call", "call_id": tc["id"],
+                              "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]})
+        elif role == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"],
+                          "output": m["content"]})
+    if r.random() < 0.15 and len(items) == 1 and items[0].get("role") == "user" \
+            and isinstance(items[0]["content"], str):
+        out["input"] = items[0]["content"]
+    if "tools" in c:
+        out["tools"] = [{"type": "function", "name": t["function"]["name"],
+                         **({"description": t["function"]["description"]}
+                            if "description" in t["function"] else {}),
+                         "parameters": t["function"]["parameters"]} for t in c["tools"]]
+        if r.random() < 0.2:
+            out["tools"].append({"type": "namespace", "name": "ns", "description": text(r, 2),
+                                 "tools": [{"type": "function", "name": "inner",
+                                            "description": text(r, 2), "parameters": schema(r)}]})
+        if r.random() < 0.1:
+            out["tools"].append({"type": "custom", "name": "apply_patch"})
+        if r.random() < 0.1:
+            out["tools"].append({"type": "web_search"})
+        tc = c.get("tool_choice")
+        if isinstance(tc, dict):
+            out["tool_choice"] = {"type": "function", "name": tc["function"]["name"]}
+        elif tc:
+            out["tool_choice"] = tc
+    if "thinking" in c:
+        out["thinking"] = c["thinking"]
+    if c.get("reasoning_effort"):
+        out["reasoning"] = {"effort": c["reasoning_effort"]}
+    rf = c.get("response_format")
+    if rf and rf["type"] == "json_object":
+        out["text"] = {"format": {"type": "json_object"}}
+    elif rf:
+        out["text"] = {"format": {"type": "json_schema", "name": "s", "schema": rf["json_schema"]["schema"]}}
+    for k in ("temperature", "top_p"):
+        if k in c:
+            out[k] = c[k]
+    return out
+
+
+def messages(r: random.Random) -> dict:
+    c = _chat_base(r)
+    out: dict = {"model": c["model"], "max_tokens": r.choice([64, 1024, 500000]), "messages": []}
+    ms = out["messages"]
+    systems = [m["content"] for m in c["messages"] if m["role"] == "system"]
+    if systems and c["messages"][0]["role"] == "system":
+        s = systems[0]
+        out["system"] = s if r.random() < 0.5 else [{"type": "text", "text": s}]
+    pending: list = []
+
+    def flush_user(blocks):
+        if ms and ms[-1]["role"] == "user" and isinstance(ms[-1]["content"], list):
+            ms[-1]["content"].extend(blocks)
+        else:
+            ms.append({"role": "user", "content": blocks})
+
+    for m in c["messages"]:
+        role = m["role"]
+        if role == "system":
+            continue
+        if role == "user":
+            if isinstance(m["content"], list):
+                blocks = [{"type": "text", "text": p["text"]} if p["type"] == "text" else
+                          {"type": "image", "source": {"type": "url", "url": p["image_url"]["url"]}}
+                          for p in m["content"]]
+            else:
+                blocks = [{"type": "text", "text": m["content"]}]
+            if r.random() < 0.3 and not (ms and ms[-1]["role"] == "user"):
+                ms.append({"role": "user", "content": m["content"] if isinstance(m["content"], str) else blocks})
+            else:
+                flush_user(blocks)
+        elif role == "assistant":
+            blocks = []
+            if m.get("reasoning_content") is not None:
+                blocks.append({"type": "thinking", "thinking": m["reasoning_content"], "signature": "sig"})
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            import json as _j
+            for tc in m.get("tool_calls") or []:
+                try:
+                    inp = _j.loads(tc["function"]["arguments"])
+                except ValueError:
+                    inp = {"raw": tc["function"]["arguments"]}
+                if not isinstance(inp, dict):
+                    inp = {"raw": inp}
+                blocks.append({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": inp})
+            if not blocks:
+                blocks = [{"type": "text", "text": "ok"}]
+            ms.append({"role": "assistant", "content": blocks})
+        elif role == "tool":
+            content = m["content"] if r.random() < 0.6 else [{"type": "text", "text": m["content"]}]
+            flush_user([{"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": content}])
+    if "tools" in c:
+        out["tools"] = [{"name": t["function"]["name"],
+                         **({"description": t["function"]["description"]}
+                            if "description" in t["function"] else {}),
+                         "input_schema": t["function"]["parameters"]} for t in c["tools"]]
+        tc = c.get("tool_choice")
+        if isinstance(tc, dict):
+            out["tool_choice"] = {"type": "tool", "name": tc["function"]["name"]}
+        elif tc == "required":
+            out["tool_choice"] = {"type": "any"}
+        elif tc:
+            out["tool_choice"] = {"type": tc}
+    if "thinking" in c:
+        out["thinking"] = c["thinking"]
+    if c.get("reasoning_effort"):
+        out["output_config"] = {"effort": c["reasoning_effort"]}
+    if "stop" in c:
+        out["stop_sequences"] = [c["stop"]] if isinstance(c["stop"], str) else c["stop"]
+    for k in ("temperature", "top_p"):
+        if k in c:
+            out[k] = c[k]
+    return out
+
+
+GENERATORS = {"chat": chat, "responses": responses, "messages": messages}

