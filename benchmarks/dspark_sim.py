@@ -102,6 +102,7 @@ def goals(rows: list[dict]) -> dict:
             "pass": bool(worst_f5["gain_vs_fixed5"] >= 0.07 and worst_best["gain_vs_best_fixed"] >= 0.03
                          and worst_all["gain_vs_fixed5"] >= -0.01),
             "max_sched_overhead_us": max(r["sched_overhead_us"] for r in mine),
+            "oracle_gain_vs_fixed5_at_worst": next(r["gain_vs_fixed5"] for r in rows if r["policy"] == "oracle" and r["cost_model"] == worst_f5["cost_model"] and r["concurrency"] == worst_f5["concurrency"]),
         }
     return out
 
@@ -118,10 +119,10 @@ def write_markdown(path: Path, rows, temps, calib, goal, elapsed: float) -> None
              "(6·C verified tokens) at or past the knee.", "",
              "## Goals (dynamic ≥ +7% over fixed-5 and ≥ +3% over best fixed k past the knee; "
              "never < −1% vs fixed-5)", "",
-             "| policy | min gain vs fixed-5 past knee | min gain vs best fixed past knee | worst vs fixed-5 anywhere | max overhead/step | pass |",
+             "| policy | min gain vs fixed-5 past knee (oracle there) | min gain vs best fixed past knee | worst vs fixed-5 anywhere | max median overhead/step | pass |",
              "|---|---|---|---|---|---|"]
     for name, g in goal.items():
-        lines.append(f"| {name} | {g['min_gain_vs_fixed5_past_knee']:+.1%} ({g['at']}) | "
+        lines.append(f"| {name} | {g['min_gain_vs_fixed5_past_knee']:+.1%} ({g['at']}; oracle {g['oracle_gain_vs_fixed5_at_worst']:+.1%}) | "
                      f"{g['min_gain_vs_best_fixed_past_knee']:+.1%} ({g['at_best']}) | "
                      f"{g['min_gain_vs_fixed5_anywhere']:+.1%} ({g['at_anywhere']}) | "
                      f"{g['max_sched_overhead_us']:.0f} µs | {'yes' if g['pass'] else 'NO'} |")

@@ -52,11 +52,11 @@ def processed_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -
     sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [rows, P, V]
     rank = torch.arange(vocab, device=x.device)
     k_eff = torch.where(k == 0, vocab, k.clamp(max=vocab))
-    drop = rank[None, None, :] >= k_eff[:, None, None]
+    drop = (rank[None, None, :] >= k_eff[:, None, None]).expand_as(sorted_logits)
     # top-p on what top-k left: drop a token if the mass strictly before it already reaches p.
     probs_sorted = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-    drop |= mass_before >= p[:, None, None]
+    drop = drop | (mass_before >= p[:, None, None])
     keep = torch.zeros_like(drop).scatter(-1, order, ~drop)
     out = scaled.masked_fill(~keep, float("-inf")).softmax(dim=-1)
     onehot = torch.zeros_like(out).scatter(-1, x.argmax(dim=-1, keepdim=True), 1.0)

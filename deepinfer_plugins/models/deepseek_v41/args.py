@@ -93,7 +93,8 @@ class ModelArgs:
     q_head_norm: bool = False
     """V4's weightless per-head q RMSNorm. Both ports of the V4.1 reference omit it (spec §5.1)."""
     clamp_shared_expert: bool = False
-    """Apply the SwiGLU clamp to the shared expert too. Upstream clamps routed experts only (spec §6.3)."""
+    """Apply the SwiGLU clamp to the shared expert too. Ports disagree (spec §6.3): NeMo clamps both, a
+    third-party engine states the official code clamps routed experts only; we follow the spec's advice."""
     dspark_feature_reduction: str = "mean"
     """How the drafter reduces the 4 residual streams of each target layer (spec §10: vLLM uses the mean)."""
 

@@ -58,7 +58,7 @@ class Compressor(nn.Module):
         complete = values.shape[0] // self.ratio * self.ratio
         grouped_v = values[:complete].unflatten(0, (-1, self.ratio))  # [groups, ratio, head_dim]
         weights = gates[:complete].unflatten(0, (-1, self.ratio)).softmax(dim=1)
-        latents = self.norm((weights * grouped_v).sum(dim=1)).to(x.dtype)
+        latents = self.norm((weights * grouped_v).sum(dim=1).to(x.dtype))
         return latents, values[complete:], gates[complete:]
 
 
@@ -144,9 +144,9 @@ class Attention(nn.Module):
     def window_keys(self, rows, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """Pool of window latents (cached context + this chunk) and each query's window rows in it [q, W]."""
         latents = self.latents(rows, key_pos)
-        first = max(0, int(query_pos[0]) - self.window + 1)
         first_key = int(key_pos[0])
-        context = chunk.state.window_context(self.layer_id, first, first_key) if first < first_key else latents[:0]
+        first = min(first_key, max(0, int(query_pos[0]) - self.window + 1))  # position of pool row 0
+        context = chunk.state.window_context(self.layer_id, first, first_key)
         chunk.state.write_window(self.layer_id, latents, first_key)
         pool = torch.cat((context.to(latents.dtype), latents))
         wanted = query_pos[:, None] - self.window + 1 + torch.arange(self.window, device=rows.device)[None, :]

@@ -11,7 +11,10 @@ from .linear import Linear
 
 
 class Expert(nn.Module):
-    """SwiGLU FFN: w2(silu(w1 x) * w3 x), with the activation clamp of ``swiglu_limit`` when given."""
+    """SwiGLU FFN: w2(silu(w1 x) * w3 x), with the activation clamp of ``swiglu_limit`` when given.
+
+    A routed expert's gate weight scales the activation before ``w2`` (as the reference does; scaling the
+    output instead rounds differently in bf16)."""
 
     def __init__(self, dim: int, inter_dim: int, fmt: str, swiglu_limit: float | None):
         super().__init__()
@@ -20,8 +23,12 @@ class Expert(nn.Module):
         self.w3 = Linear(dim, inter_dim, fmt)
         self.swiglu_limit = swiglu_limit
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(ops.swiglu(self.w1(x), self.w3(x), self.swiglu_limit))
+    def forward(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, d], weights [n] (routed experts) -> [n, d]."""
+        hidden = ops.swiglu(self.w1(x), self.w3(x), self.swiglu_limit)
+        if weights is not None:
+            hidden = (hidden.float() * weights[:, None]).to(x.dtype)
+        return self.w2(hidden)
 
 
 class Gate(nn.Module):
@@ -56,6 +63,5 @@ class MoE(nn.Module):
         routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for expert_id in ids.unique().tolist():
             token, slot = (ids == expert_id).nonzero(as_tuple=True)
-            out = self.experts[expert_id](x[token]).float()
-            routed.index_add_(0, token, out * weights[token, slot, None])
+            routed.index_add_(0, token, self.experts[expert_id](x[token], weights[token, slot]).float())
         return (routed + self.shared_experts(x).float()).to(x.dtype)

@@ -1,0 +1,93 @@
+"""Cache-exact decoding on the spec §13.1 tiny model.
+
+Guarantees: incremental decode (after a 20-token prefill, 68 single-token steps that cross the 8-token window
+and every ratio-1/ratio-2 compression boundary many times) gives the full-sequence logits, chunked prefill
+likewise, and bounded replay reproduces the last row's logits and leaves caches that decode like a full
+prefill. Tolerance everywhere: 1e-4 absolute on fp32 logits of magnitude ~1, with identical argmax. The math
+per row is the same; only the number of rows batched into each matmul differs, which can change float
+rounding in the last bit (the caches store exactly what the full forward computes).
+"""
+
+
+def assert_same_logits(actual, expected):
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+    assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+
+import pytest
+import torch
+
+from deepinfer_plugins.models.deepseek_v41 import ImageInputError
+from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
+
+from ..conftest import prompt
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_incremental_decode_equals_full_forward(tiny256, seed):
+    ids = prompt(88, seed)
+    full = tiny256(ids)
+    cache = tiny256.new_cache()
+    steps = [tiny256(ids[:20], cache)] + [tiny256(ids[i:i + 1], cache) for i in range(20, 88)]
+    assert_same_logits(torch.cat(steps), full)
+
+
+def test_chunked_prefill_equals_full_forward(tiny256):
+    ids = prompt(64, 3)
+    full = tiny256(ids)
+    cache = tiny256.new_cache()
+    chunks = [tiny256(ids[a:b], cache) for a, b in ((0, 7), (7, 30), (30, 31), (31, 64))]
+    assert_same_logits(torch.cat(chunks), full)
+
+
+@pytest.mark.parametrize("length", [48, 64, 90])
+def test_bounded_replay_equals_full_prefill(tiny256, length):
+    ids = prompt(length + 12, length)
+    full = tiny256(ids)
+    cache = tiny256.new_cache()
+    last = tiny256(ids[:length], cache, bounded_replay=True)
+    assert last.shape == (1, full.shape[1])
+    assert_same_logits(last[0], full[length - 1])
+    decoded = torch.cat([tiny256(ids[i:i + 1], cache) for i in range(length, length + 12)])
+    assert_same_logits(decoded, full[length:])
+
+
+def test_bounded_replay_runs_fewer_rows_after_the_last_kv_source(tiny256):
+    plan = tiny256.query_rows_per_layer(64, bounded_replay=True)
+    assert plan == [64, 64, 64, 64, 22, 15, 8, 1]
+
+
+def test_greedy_generate_matches_argmax_of_the_full_forward(tiny256):
+    ids = prompt(50, 4).tolist()
+    out = generate(tiny256, ids, SamplingParams(max_new_tokens=16))
+    logits = tiny256(torch.tensor(ids + out))
+    assert logits[len(ids) - 1:-1].argmax(-1).tolist() == out
+
+
+def test_sampled_generate_is_reproducible_per_seed(tiny256):
+    ids = prompt(30, 5).tolist()
+    params = SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+    assert generate(tiny256, ids, params) == generate(tiny256, ids, params)
+
+
+def test_stop_token_ends_generation(tiny256):
+    ids = prompt(30, 6).tolist()
+    first = generate(tiny256, ids, SamplingParams(max_new_tokens=1))[0]
+    assert generate(tiny256, ids, SamplingParams(max_new_tokens=10, stop_token_ids=(first,))) == [first]
+
+
+def test_input_shapes(tiny256):
+    ids = prompt(12, 7)
+    assert torch.equal(tiny256(ids[None]), tiny256(ids))
+    with pytest.raises(ValueError, match="one sequence"):
+        tiny256(torch.stack((ids, ids)))
+    with pytest.raises(ValueError, match="non-empty"):
+        tiny256(ids[:0])
+    with pytest.raises(ValueError, match=r"\[0, 256\)"):
+        tiny256(torch.tensor([3, 999]))
+    with pytest.raises(TypeError, match="integer"):
+        tiny256(ids.float())
+
+
+def test_image_tokens_are_rejected_with_a_clear_error(tiny256):
+    with pytest.raises(ImageInputError, match="vision tower"):
+        tiny256(torch.tensor([3, 4, 255, 5]))
