@@ -37,12 +37,22 @@ def agent_request(model="DeepSeek-V4.1-Flash"):
     return {"model": model, "messages": msgs, "tools": tools}
 
 
-def rate(fn, seconds=1.5):
+def rate(fn, seconds=0.25):
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         fn()
         n += 1
     return n / (time.perf_counter() - t0)
+
+
+def pair(official, ours_fn, rounds=6):
+    """Best-of-`rounds` rates, official and ours measured alternately in short slices, so
+    that load from other processes on the machine hits both sides alike."""
+    best_o = best_m = 0.0
+    for _ in range(rounds):
+        best_o = max(best_o, rate(official))
+        best_m = max(best_m, rate(ours_fn))
+    return best_o, best_m
 
 
 def main():
@@ -54,8 +64,8 @@ def main():
         c = dr.ChatCompletionRequest(json.dumps(r)).convert(dr.ConversionOptions())
         oracle.encoding(c).render_conversation(c.conversation).prompt
 
-    rows.append(("render (60 msgs, 20 tools) req/s", rate(off_render),
-                 rate(lambda: ours.render(json.loads(body), "chat"))))
+    rows.append(("render (60 msgs, 20 tools) req/s",
+                 *pair(off_render, lambda: ours.render(json.loads(body), "chat"))))
     from deepinfer_recipe.tokens import find_tokenizer_json
     otok = dr.Tokenizer.from_file(find_tokenizer_json())
     mytok = ours.PromptTokenizer.load()
@@ -66,8 +76,8 @@ def main():
         c = dr.ChatCompletionRequest(body4).convert(dr.ConversionOptions())
         oracle.encoding(c, otok).encode(c.conversation)
 
-    rows.append(("render + token ids req/s", rate(off_ids),
-                 rate(lambda: ours.render(json.loads(body4), "chat", tokenizer=mytok))))
+    rows.append(("render + token ids req/s",
+                 *pair(off_ids, lambda: ours.render(json.loads(body4), "chat", tokenizer=mytok))))
 
     raw = ("Let me think about this carefully. " * 60 + "</think>" + "Here is the answer. " * 60 +
            '\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="tool_1">\n<｜DSML｜ parameter name="path" string="true">src/a.py</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>')
@@ -82,9 +92,9 @@ def main():
                          "tools": [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
                                    for t in req["tools"]]}}
     for api, r in reqs.items():
-        t_off = rate(lambda: oracle.events(r, api, pieces)) * len(pieces)
-        t_our = rate(lambda: ours.parse(pieces, r, api, stream=True)) * len(pieces)
-        rows.append((f"stream parse {api} tokens/s", t_off, t_our))
+        t_off, t_our = pair(lambda: oracle.events(r, api, pieces),
+                            lambda: ours.parse(pieces, r, api, stream=True))
+        rows.append((f"stream parse {api} tokens/s", t_off * len(pieces), t_our * len(pieces)))
     lines = ["| row | official | deepinfer_recipe | ratio |", "|---|---|---|---|"]
     for name, off, me in rows:
         print(json.dumps({"case": name, "official": round(off, 1), "ours": round(me, 1),

@@ -98,7 +98,16 @@ for gone in ("torchvision", "torchaudio", "torchcodec"):
     except md.PackageNotFoundError:
         pass
 PY
-"${venv_dir}/bin/vllm" --version
+# The CLI check isolates the environment from our plugin's state: VLLM_PLUGINS="" is an
+# allowlist matching no plugin name, so a half-written register_vllm() cannot fail the build.
+VLLM_PLUGINS="" "${venv_dir}/bin/vllm" --version
+step "loading the deepinfer general plugin (warning only)"
+if VLLM_PLUGINS=deepinfer "${py}" -c 'from vllm.plugins import load_general_plugins; load_general_plugins()' \
+    >/dev/null 2>&1; then
+  echo "  deepinfer plugin: loads"
+else
+  echo "  WARNING: deepinfer plugin fails to load; see: VLLM_PLUGINS=deepinfer ${py} -c 'from vllm.plugins import load_general_plugins; load_general_plugins()'"
+fi
 
 # 7. Pitfall: the CPU platform refuses the default gpu_memory_utilization=0.92. Callers pass
 #    e.g. `--gpu-memory-utilization 0.3` or set VLLM_CPU_KVCACHE_SPACE (GiB) instead.

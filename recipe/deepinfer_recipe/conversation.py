@@ -63,6 +63,8 @@ class Message:
     tool_calls: Optional[list] = None  # list[ToolCall]
     tool_call_id: Optional[str] = None
     prefix: bool = False
+    # V4.1 system messages only: tools announced mid-conversation ("### Updated Tool Schemas")
+    tools: Optional[list] = None  # list[ToolDefinition]
 
     @property
     def content(self) -> str:

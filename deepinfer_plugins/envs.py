@@ -1,0 +1,27 @@
+"""Every DEEPINFER_* environment variable, read in one place (default and meaning beside each)."""
+
+from __future__ import annotations
+
+import os
+
+ENVIRONMENT = {
+    "DEEPINFER_KEEP_UPSTREAM_V41": "0 (default): our model serves the architecture 'DeepseekV41ForCausalLM'; "
+                                   "1: leave that name to vLLM's own class (ours stays under "
+                                   "'DeepInferDeepseekV41ForCausalLM').",
+    "DEEPINFER_OP_BACKEND": "unset (default): pick op backends by device; 'triton' (any backend name) forces it "
+                            "for every op; 'op=backend,...' forces per op (ops/registry.py).",
+    "DEEPINFER_SGLANG_KEEP_UPSTREAM": "0 (default): our model serves 'DeepseekV41ForCausalLM' in SGLang; 1: keep "
+                                      "SGLang's own handling of that name.",
+}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes")
+
+
+def keep_upstream_v41() -> bool:
+    return _flag("DEEPINFER_KEEP_UPSTREAM_V41")
+
+
+def keep_upstream_sglang() -> bool:
+    return _flag("DEEPINFER_SGLANG_KEEP_UPSTREAM")

@@ -1,0 +1,253 @@
+"""V4.1's caches in vLLM's paged memory, behind the core model's ``SequenceState`` interface.
+
+vLLM allocates one paged tensor per cache owner and hands each step a block table per cache group. Two kinds
+of owners (registered in ``static_forward_context`` so the runner finds them):
+  * one window cache per layer (sliding-window spec: blocks that leave the window are reused), a row per
+    token: [latent (head_dim), token id, position, padding]. The stored position lets every read check that the
+    slot holds the token it should; the token ids give Engram its n-gram history;
+  * one compressed cache per KV-source layer (``tokens_per_state = ratio``), a row per group of ``ratio``
+    tokens: [NVFP4 latent (head_dim), MXFP4 index key (index_head_dim)]. While a group is still open its row
+    holds the compressor inputs of its first tokens instead, so no state lives outside vLLM's memory and
+    prefix caching, chunked prefill and preemption (recompute) all work.
+Rows are padded so every page is a whole multiple of the window page; vLLM can then put all caches in one
+pool. Values are stored dequantised in float32 (the reference precision, and exact for token ids and
+positions); the packed byte records of the GPU kernels are the kernel backends' business.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
+from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
+
+from ..models.deepseek_v41.args import ModelArgs
+
+WINDOW_EXTRA = 16  # token id, position, padding
+
+
+def window_width(args: ModelArgs) -> int:
+    return args.head_dim + WINDOW_EXTRA
+
+
+def compressed_width(args: ModelArgs, ratio: int) -> int:
+    """Row width of a compressed cache: fits an entry and an open group's inputs, page = k * window page."""
+    needed = max(args.head_dim + args.index_head_dim, 2 * (ratio - 1) * args.head_dim)
+    unit = ratio * window_width(args)
+    return unit * math.ceil(needed / unit)
+
+
+@dataclass
+class PagedMetadata:
+    block_table: torch.Tensor  # [requests, blocks]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    num_actual_tokens: int
+
+
+class DeepInferMetadataBuilder(AttentionMetadataBuilder):
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> PagedMetadata:
+        cm = common_attn_metadata
+        return PagedMetadata(
+            block_table=cm.block_table_tensor.cpu(),
+            query_start_loc=cm.query_start_loc_cpu.tolist(),
+            seq_lens=cm.seq_lens.cpu().tolist(),
+            num_actual_tokens=cm.num_actual_tokens,
+        )
+
+
+class DeepInferCacheBackend(AttentionBackend):
+    """Metadata-only backend: the attention math runs in the core model, not in a vLLM AttentionImpl."""
+
+    supported_dtypes = [torch.float32, torch.bfloat16, torch.float16]
+
+    @staticmethod
+    def get_name() -> str:
+        return "DEEPINFER_V41"
+
+    @staticmethod
+    def get_builder_cls():
+        return DeepInferMetadataBuilder
+
+    @staticmethod
+    def get_impl_cls():
+        raise RuntimeError("DEEPINFER_V41 layers compute attention in the core model; vLLM never needs an impl")
+
+
+class CacheOwner(nn.Module, AttentionLayerBase):
+    """Owns one paged cache; found by vLLM's runner through ``static_forward_context[name]``."""
+
+    def __init__(self, name: str, spec, vllm_config):
+        nn.Module.__init__(self)
+        self.layer_name, self.spec, self.width = name, spec, spec.head_size
+        self.kv_cache = torch.empty(0)
+        context = vllm_config.compilation_config.static_forward_context
+        if name in context:
+            raise ValueError(f"duplicate cache layer name {name!r}")
+        context[name] = self
+
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return DeepInferCacheBackend
+
+    def get_kv_cache_spec(self, vllm_config):
+        return self.spec
+
+    def bind_kv_cache(self, kv_cache) -> None:
+        tensor = kv_cache[0] if isinstance(kv_cache, (list, tuple)) else kv_cache
+        self.kv_cache = tensor
+
+    def rows(self) -> torch.Tensor:
+        """The cache as [slots, width]; a view, so writes land in vLLM's memory."""
+        return self.kv_cache.view(-1, self.width)
+
+
+CACHE_DTYPE = torch.float32
+
+
+def make_cache_owners(args: ModelArgs, vllm_config, prefix: str):
+    block_size, dtype = vllm_config.cache_config.block_size, CACHE_DTYPE
+    windows = nn.ModuleList(
+        CacheOwner(f"{prefix}layers.{i}.window_cache",
+                   SlidingWindowMLASpec(block_size=block_size, num_kv_heads=1, head_size=window_width(args),
+                                        dtype=dtype, sliding_window=args.sliding_window), vllm_config)
+        for i in range(args.num_hidden_layers))
+    compressed = nn.ModuleDict({
+        str(s): CacheOwner(f"{prefix}layers.{s}.compressed_cache",
+                           MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
+                                            head_size=compressed_width(args, args.layer_ratios[s]), dtype=dtype,
+                                            tokens_per_state=args.layer_ratios[s]), vllm_config)
+        for s in args.kv_source_layer_ids})
+    return windows, compressed
+
+
+class PagedRows:
+    """The ``GrowingBuffer`` face of one column range of a compressed cache (entries 0..count-1)."""
+
+    def __init__(self, compressed: "PagedCompressedKV", lo: int, hi: int):
+        self.compressed, self.lo, self.hi, self.length = compressed, lo, hi, compressed.first_entries
+
+    @property
+    def rows(self) -> torch.Tensor:
+        slots = self.compressed.slots(torch.arange(self.length))
+        return self.compressed.table[slots, self.lo:self.hi]
+
+    def append(self, rows: torch.Tensor) -> None:
+        slots = self.compressed.slots(torch.arange(self.length, self.length + rows.shape[0]))
+        self.compressed.table[slots, self.lo:self.hi] = rows.to(self.compressed.table.dtype)
+        self.length += rows.shape[0]
+
+
+class PagedCompressedKV:
+    """``CompressedKV`` over a paged compressed cache for one request and one forward chunk."""
+
+    def __init__(self, owner: CacheOwner, block_row: torch.Tensor, block_size: int, ratio: int,
+                 args: ModelArgs, start_pos: int, end_pos: int):
+        self.table, self.block_row, self.ratio = owner.rows(), block_row, ratio
+        self.states_per_block = block_size // ratio
+        self.head_dim = args.head_dim
+        self.first_entries, self.open_tokens = divmod(start_pos, ratio)
+        self.end_group, self.end_open = divmod(end_pos, ratio)
+        self.latents = PagedRows(self, 0, args.head_dim)
+        self.index_keys = PagedRows(self, args.head_dim, args.head_dim + args.index_head_dim)
+        self.pending_gate_offset = (ratio - 1) * args.head_dim
+
+    def slots(self, groups: torch.Tensor) -> torch.Tensor:
+        blocks = self.block_row[groups // self.states_per_block].long()
+        return blocks * self.states_per_block + groups % self.states_per_block
+
+    @property
+    def num_entries(self) -> int:
+        return self.latents.length
+
+    def _pending(self, offset: int, count: int) -> torch.Tensor:
+        if count == 0:
+            return torch.zeros(0, self.head_dim)
+        row = self.table[self.slots(torch.tensor([self.first_entries]))[0]]
+        return row[offset: offset + count * self.head_dim].float().view(count, self.head_dim)
+
+    def _store_pending(self, offset: int, values: torch.Tensor) -> None:
+        if values.shape[0] != self.end_open:
+            raise RuntimeError(f"compressor left {values.shape[0]} open tokens, expected {self.end_open}")
+        if values.shape[0]:
+            slot = self.slots(torch.tensor([self.end_group]))[0]
+            self.table[slot, offset: offset + values.numel()] = values.flatten().to(self.table.dtype)
+
+    def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
+        """Kept only by caches that roll back in place; vLLM's steps never roll a request back mid-step."""
+
+    @property
+    def pending_values(self) -> torch.Tensor:
+        return self._pending(0, self.open_tokens)
+
+    @pending_values.setter
+    def pending_values(self, values: torch.Tensor) -> None:
+        self._store_pending(0, values)
+
+    @property
+    def pending_gates(self) -> torch.Tensor:
+        return self._pending(self.pending_gate_offset, self.open_tokens)
+
+    @pending_gates.setter
+    def pending_gates(self, gates: torch.Tensor) -> None:
+        self._store_pending(self.pending_gate_offset, gates)
+
+
+class PagedSequenceState:
+    """``SequenceState`` of one request in one vLLM step, reading and writing vLLM's paged caches.
+
+    Every cache owner has its own block table: vLLM may put the window caches of different layers in different
+    cache groups that share physical tensors, so a layer's rows are only found through its own table."""
+
+    def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
+                 windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict, block_size: int):
+        self.args, self.num_tokens, self.token_ids = args, start_pos, token_ids
+        self.windows, self.block_size = windows, block_size
+        self.window_rows = [metadata[owner.layer_name].block_table[request] for owner in windows]
+        end_pos = start_pos + token_ids.numel()
+        self.sources = {
+            int(s): PagedCompressedKV(owner, metadata[owner.layer_name].block_table[request], block_size,
+                                      args.layer_ratios[int(s)], args, start_pos, end_pos)
+            for s, owner in compressed.items()
+        }
+
+    def _window_slots(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
+        row = self.window_rows[layer]
+        return row[positions // self.block_size].long() * self.block_size + positions % self.block_size
+
+    def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
+        positions = torch.arange(first, end)
+        rows = self.windows[layer].rows()[self._window_slots(layer, positions)]
+        stored = rows[:, self.args.head_dim + 1].long()
+        if not torch.equal(stored, positions):
+            raise RuntimeError(f"layer {layer}: paged window cache does not hold positions {first}..{end - 1}")
+        return rows[:, : self.args.head_dim]
+
+    def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
+        n, d = latents.shape[0], self.args.head_dim
+        positions = torch.arange(start_pos, start_pos + n)
+        table = self.windows[layer].rows()
+        slots = self._window_slots(layer, positions)
+        table[slots, :d] = latents.to(table.dtype)
+        table[slots, d] = self.token_ids[-n:].to(table.dtype)
+        table[slots, d + 1] = positions.to(table.dtype)
+
+    def compressed(self, source_layer: int) -> PagedCompressedKV:
+        return self.sources[source_layer]
+
+    def ngram_history(self) -> list[int]:
+        keep = self.args.engram_max_ngram_size - 1
+        first = max(0, self.num_tokens - keep)
+        if first == self.num_tokens:
+            return []
+        rows = self.windows[0].rows()[self._window_slots(0, torch.arange(first, self.num_tokens))]
+        return rows[:, self.args.head_dim].long().tolist()
+
+    def advance(self, token_ids: torch.Tensor) -> None:
+        """Nothing to do: every piece of state was written into vLLM's pages during the forward."""

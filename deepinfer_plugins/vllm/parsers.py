@@ -1,0 +1,135 @@
+"""Reasoning and tool-call parsers ``deepinfer``: vLLM's parser interfaces over deepinfer_recipe's StreamParser.
+
+vLLM runs the reasoning parser first (thinking vs answer) and hands the answer text to the tool parser
+(DSML tool calls vs content). Both feed the recipe's incremental parser, whose result does not depend on how
+the output is chunked, so streamed and non-streamed responses agree. Whether the output starts inside the
+thinking block is read from the prompt: it ends with ``<think>`` when thinking is on and ``</think>`` when off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from deepinfer_recipe import ParsingOptions, StreamParser
+from deepinfer_recipe.parse import ContentDelta, ReasoningDelta, ToolCallArgsDelta, ToolCallStart
+from vllm.entrypoints.generate.base.protocol import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
+)
+from vllm.reasoning import ReasoningParser
+from vllm.tool_parsers.abstract_tool_parser import ToolParser
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def last_marker(ids: Sequence[int], start_id: int, end_id: int) -> int | None:
+    for token in reversed(ids):
+        if token in (start_id, end_id):
+            return token
+    return None
+
+
+class DeepInferReasoningParser(ReasoningParser):
+    def __init__(self, tokenizer, *args, **kwargs):
+        super().__init__(tokenizer, *args, **kwargs)
+        self.start_id, self.end_id = self.vocab[THINK_START], self.vocab[THINK_END]
+        self.starts_in_reasoning = True
+        self.stream: StreamParser | None = None
+
+    @property
+    def reasoning_start_str(self) -> str:
+        return THINK_START
+
+    @property
+    def reasoning_end_str(self) -> str:
+        return THINK_END
+
+    def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+        """True once the last thinking marker is ``</think>`` (earlier turns hold complete think blocks)."""
+        ended = last_marker(input_ids, self.start_id, self.end_id) != self.start_id
+        self.starts_in_reasoning = not ended
+        return ended
+
+    def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Iterable[int]) -> bool:
+        return self.end_id in delta_ids
+
+    def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        self.is_reasoning_end(prompt_token_ids)
+
+    def extract_content_ids(self, input_ids: list[int]) -> list[int]:
+        if self.end_id in input_ids:
+            return input_ids[len(input_ids) - input_ids[::-1].index(self.end_id):]
+        return [] if self.starts_in_reasoning else input_ids
+
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        if not self.starts_in_reasoning:
+            return 0
+        return list(token_ids).index(self.end_id) if self.end_id in token_ids else len(token_ids)
+
+    def _parser(self) -> StreamParser:
+        stage = "reasoning_start" if self.starts_in_reasoning else None
+        return StreamParser(ParsingOptions(parse_tool_calls=False, thinking_initial_stage=stage))
+
+    def extract_reasoning(self, model_output: str, request) -> tuple[str | None, str | None]:
+        parser = self._parser()
+        deltas = parser.feed(model_output)
+        deltas += parser.finish("stop")[0]
+        reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta))
+        content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
+        return (reasoning if self.starts_in_reasoning else None), (content or None)
+
+    def extract_reasoning_streaming(self, previous_text, current_text, delta_text, previous_token_ids,
+                                    current_token_ids, delta_token_ids) -> DeltaMessage | None:
+        if self.stream is None:
+            self.stream = self._parser()
+        deltas = self.stream.feed(delta_text)
+        reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta))
+        content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
+        if not reasoning and not content:
+            return None
+        return DeltaMessage(reasoning=reasoning or None, content=content or None)
+
+
+class DeepInferToolParser(ToolParser):
+    """DSML tool calls (V4 and V4.1 spellings) -> OpenAI tool calls; arguments arrive as JSON text."""
+
+    supports_required_and_named = False
+
+    def __init__(self, tokenizer, tools=None):
+        super().__init__(tokenizer, tools)
+        self.stream: StreamParser | None = None
+
+    @staticmethod
+    def _parser() -> StreamParser:
+        return StreamParser(ParsingOptions(parse_tool_calls=True, thinking_initial_stage=None))
+
+    def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
+        parser = self._parser()
+        parser.feed(model_output)
+        _, result = parser.finish("stop")
+        calls = [ToolCall(id=call.id, type="function", function=FunctionCall(name=call.name, arguments=call.arguments))
+                 for call in result.tool_calls]
+        return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls,
+                                            content=result.content or None)
+
+    def extract_tool_calls_streaming(self, previous_text, current_text, delta_text, previous_token_ids,
+                                     current_token_ids, delta_token_ids, request) -> DeltaMessage | None:
+        if self.stream is None:
+            self.stream = self._parser()
+        content, calls = [], []
+        for delta in self.stream.feed(delta_text):
+            if isinstance(delta, ContentDelta):
+                content.append(delta.text)
+            elif isinstance(delta, ToolCallStart):
+                calls.append(DeltaToolCall(index=delta.index, id=delta.id, type="function",
+                                           function=DeltaFunctionCall(name=delta.name, arguments="")))
+            elif isinstance(delta, ToolCallArgsDelta):
+                calls.append(DeltaToolCall(index=delta.index, function=DeltaFunctionCall(arguments=delta.text)))
+        if not content and not calls:
+            return None
+        return DeltaMessage(content="".join(content) or None, tool_calls=calls)
+

