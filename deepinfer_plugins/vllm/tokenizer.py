@@ -10,6 +10,7 @@ token ids, not as text that vLLM would tokenize again (which would turn a user's
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 from vllm.renderers.chat_utils import parse_chat_messages
@@ -53,6 +54,10 @@ def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response
     for message in plain:
         if "reasoning" in message and "reasoning_content" not in message:
             message["reasoning_content"] = message.pop("reasoning")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call)
+            if not isinstance(function.get("arguments", ""), str):  # vLLM decodes them for Jinja templates
+                function["arguments"] = json.dumps(function["arguments"], ensure_ascii=False)
         content = message.get("content")
         if isinstance(content, list) and any(part.get("type") in IMAGE_PART_TYPES for part in content):
             raise ValueError("image inputs are not supported by DeepInfer yet (the vision tower is not implemented)")
