@@ -39,3 +39,12 @@ __all__ = [
     "quantize_fp8_weight", "registry", "rms_norm", "rope", "sinkhorn", "sparse_attention", "sqrtsoftplus_route",
     "swiglu", "topk_indices",
 ]
+
+# Kernel-facing ops (issue 6): quantised cache records and fused Engram / CSA2 steps.
+from .cache import CACHE_FORMATS, cache_gather, cache_write, pack_cache_records, record_bytes, unpack_cache_records
+from .fused import csa2_compress, engram_gate, engram_gather
+
+__all__ += [
+    "CACHE_FORMATS", "cache_gather", "cache_write", "csa2_compress", "engram_gate", "engram_gather",
+    "pack_cache_records", "record_bytes", "unpack_cache_records",
+]

@@ -1,0 +1,70 @@
+"""Triton backend: registers a Triton launcher for every op that has one (triton_kernels/).
+
+Runs CUDA tensors compiled and CPU tensors under the interpreter (``TRITON_INTERPRET=1``, which must be set
+before the first dispatch). A call that Triton cannot run here (a CPU tensor without the interpreter, or an
+accelerator Triton does not target) falls back to the reference with one INFO line per op.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+import triton  # noqa: F401  (ImportError here marks the backend unavailable, with one INFO line)
+
+from ..registry import hookimpl
+
+logger = logging.getLogger(__name__)
+
+# op name -> triton_kernels module that defines a launcher of the same name
+OPS = {
+    "fp8_block_quant": "quant", "fp8_fake_quant": "quant", "nvfp4_fake_quant": "quant", "mxfp4_fake_quant": "quant",
+    "dequant_fp8_weight": "quant", "dequant_fp4_weight": "quant", "dequant_fp8_rows": "quant",
+    "pack_cache_records": "quant", "unpack_cache_records": "quant", "cache_write": "quant", "cache_gather": "quant",
+    "engram_gather": "quant",
+    "sparse_attention": "attention",
+    "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer",
+    "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_expand": "mhc",
+    "rms_norm": "misc", "rope": "misc", "swiglu": "misc", "sqrtsoftplus_route": "misc", "engram_hash": "misc",
+    "engram_gate": "misc", "csa2_compress": "misc",
+}
+
+_fallback_logged: set[str] = set()
+
+
+def _first_tensor(args) -> torch.Tensor | None:
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg
+    return None
+
+
+def _make(registry, op_name: str, module: str):
+    reference = registry.ops[op_name].reference
+    launcher = None
+
+    def run(*args, **kwargs):
+        nonlocal launcher
+        if launcher is None:  # kernels are decorated (and the interpreter mode read) on first use
+            launcher = getattr(importlib.import_module(f"{__package__}.triton_kernels.{module}"), op_name)
+        from .triton_kernels.common import can_run
+
+        first = _first_tensor(args)
+        if first is not None and not can_run(first):
+            if op_name not in _fallback_logged:
+                _fallback_logged.add(op_name)
+                logger.info("triton cannot run op %r on %s tensors (set TRITON_INTERPRET=1 for CPU); using the "
+                            "reference", op_name, first.device.type)
+            return reference(*args, **kwargs)
+        return launcher(*args, **kwargs)
+
+    run.__name__ = f"triton_{op_name}"
+    return run
+
+
+@hookimpl
+def deepinfer_register_ops(registry) -> None:
+    for op_name, module in OPS.items():
+        if op_name in registry.ops:
+            registry.register_backend(op_name, "triton", _make(registry, op_name, module))

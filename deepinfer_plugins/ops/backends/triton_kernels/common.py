@@ -1,0 +1,110 @@
+"""Shared pieces of the Triton kernels: output allocation, interpreter detection and bit-exact number formats.
+
+The quantisers round in integer arithmetic on the float bits instead of relying on hardware or interpreter
+casts (the interpreter's fp32 -> fp8 cast does not round to nearest even), so every backend produces the
+references' bits.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Tests set POISON = True: every output buffer starts as NaN (floats) or a sentinel (integers), so an element a
+# kernel forgets to write is caught.
+POISON = False
+POISON_INT = -7777
+
+
+def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if POISON:
+        if dtype.is_floating_point:
+            if dtype.itemsize == 1:
+                out.view(torch.uint8).fill_(0x7F)  # NaN in e4m3
+            else:
+                out.fill_(float("nan"))
+        elif dtype in (torch.uint8, torch.int8):
+            out.fill_(0x55)
+        else:
+            out.fill_(POISON_INT)
+    return out
+
+
+def can_run(t: torch.Tensor) -> bool:
+    """Triton runs CUDA tensors compiled, CPU tensors only in interpreter mode."""
+    return t.is_cuda or (INTERPRETED and t.device.type == "cpu")
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+# ---- bit-exact number formats ----------------------------------------------------------------------------------
+@triton.jit
+def pow2_ceil(x):
+    """Smallest power of two >= x for normal positive fp32 x (exact, from the float bits)."""
+    bits = x.to(tl.int32, bitcast=True)
+    up = ((bits >> 23) + 1) << 23
+    return tl.where((bits & 0x7FFFFF) == 0, bits, up).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_round(v):
+    """Round fp32 v (|v| <= 448 after the caller's clamp, or larger: saturates) to E4M3, nearest-even.
+
+    Returns (value as fp32, code as int32 0..255 with the sign in bit 7, copied from v's sign bit)."""
+    a = tl.abs(v)
+    bits = a.to(tl.int32, bitcast=True)
+    lsb = (bits >> 20) & 1
+    normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)  # keep 3 mantissa bits, RNE
+    sub_units = (a * 512.0 + 8388608.0) - 8388608.0  # RNE to a multiple of 2^-9 (subnormal step)
+    is_sub = a < 0.015625
+    mag = tl.minimum(tl.where(is_sub, sub_units * 0.001953125, normal), 448.0)
+    mb = mag.to(tl.int32, bitcast=True)
+    code = tl.where(is_sub, sub_units.to(tl.int32), (((mb >> 23) - 120) << 3) | ((mb >> 20) & 7))
+    neg = v.to(tl.int32, bitcast=True) < 0  # the sign bit, so -0.0 keeps it like torch's cast
+    code = code | tl.where(neg, 128, 0)
+    return tl.where(neg, -mag, mag), code
+
+
+@triton.jit
+def e4m3_decode(code):
+    """E4M3 byte (int32 0..255) -> fp32."""
+    e = (code >> 3) & 15
+    m = code & 7
+    normal = ((e + 120) << 23 | (m << 20)).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    return tl.where((code & 128) != 0, -mag, mag)
+
+
+@triton.jit
+def ue8m0_decode(code):
+    """UE8M0 byte (int32 1..254) -> 2^(code - 127) as fp32."""
+    return (code << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_encode(scaled, neg):
+    """|scaled| clamped to [0, 6] -> E2M1 code 0..15 (bit 3 = neg), ties to the even code."""
+    m = tl.abs(scaled)
+    code = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
+            + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32) + (m > 5.0).to(tl.int32))
+    return code | tl.where(neg, 8, 0)
+
+
+@triton.jit
+def e2m1_decode(code):
+    """E2M1 code (int32 0..15) -> fp32 in {0, .5, 1, 1.5, 2, 3, 4, 6} with sign."""
+    e = (code >> 1) & 3
+    m = (code & 1).to(tl.float32)
+    mag = tl.where(e == 0, m * 0.5, (1.0 + m * 0.5) * (1 << tl.maximum(e - 1, 0)).to(tl.float32))
+    return tl.where((code & 8) != 0, -mag, mag)

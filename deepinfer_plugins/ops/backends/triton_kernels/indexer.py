@@ -1,0 +1,143 @@
+"""Lightning-indexer scores, exact top-k (radix select, ties to the lower id) and the two-level pre-filter."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRETED, empty, next_pow2
+
+
+@triton.jit
+def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, H, D, N,
+                           HP: tl.constexpr, DP: tl.constexpr, BN: tl.constexpr):
+    """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for one query row and BN keys."""
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    h = tl.arange(0, HP)
+    d = tl.arange(0, DP)
+    q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h[:, None] < H) & (d[None, :] < D), other=0.0)
+    w = tl.load(w_ptr + t * H + h, mask=h < H, other=0.0).to(tl.float32)
+    keys = tl.load(k_ptr + n[:, None].to(tl.int64) * D + d[None, :], mask=(n[:, None] < N) & (d[None, :] < D),
+                   other=0.0)
+    dots = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee")  # [HP, BN]
+    score = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
+    tl.store(out_ptr + t * N + n, score, mask=n < N)
+
+
+def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q [T, h, d] (MXFP4-rounded), head_weights [T, h], keys [N, d] -> fp32 [T, N]."""
+    t, h, d = q.shape
+    n = keys.shape[0]
+    out = empty((t, n), torch.float32, q.device)
+    if t == 0 or n == 0:
+        return out
+    bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
+    _indexer_scores_kernel[(t, triton.cdiv(n, bn))](
+        q.contiguous(), head_weights.contiguous(), keys.contiguous(), out, h, d, n,
+        HP=max(16, next_pow2(h)), DP=max(16, next_pow2(d)), BN=bn)
+    return out
+
+
+@triton.jit
+def _ordered_key(s):
+    """fp32 -> int64 in [0, 2^32) with the same order (-inf lowest, +inf highest)."""
+    b = s.to(tl.int32, bitcast=True)
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _topk_kernel(s_ptr, out_ptr, N, K, BN: tl.constexpr):
+    """Exact top-k of one row: radix-select the k-th largest key (32 counting passes), then emit, in id order,
+    every id above it and the lowest-id ties; ids with score -inf are dropped and the tail is -1."""
+    row = tl.program_id(0).to(tl.int64)
+    base = s_ptr + row * N
+    prefix = tl.zeros([], tl.int64)
+    for bit in range(31, -1, -1):
+        cand = prefix | (tl.full([], 1, tl.int64) << bit)
+        count = tl.zeros([], tl.int32)
+        for n0 in range(0, N, BN):
+            n = n0 + tl.arange(0, BN)
+            key = _ordered_key(tl.load(base + n, mask=n < N, other=float("-inf")))
+            count += tl.sum(((key >= cand) & (n < N)).to(tl.int32), axis=0)
+        prefix = tl.where(count >= K, cand, prefix)
+    greater = tl.zeros([], tl.int32)
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        key = _ordered_key(tl.load(base + n, mask=n < N, other=float("-inf")))
+        greater += tl.sum(((key > prefix) & (n < N)).to(tl.int32), axis=0)
+    ties_left = K - greater  # ties at the threshold taken lowest id first
+    written = tl.zeros([], tl.int32)
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        s = tl.load(base + n, mask=n < N, other=float("-inf"))
+        key = _ordered_key(s)
+        inrow = n < N
+        tie = (key == prefix) & inrow
+        tie_rank = tl.cumsum(tie.to(tl.int32), axis=0) - tie.to(tl.int32)
+        take = inrow & ((key > prefix) | (tie & (tie_rank < ties_left))) & (s != float("-inf"))
+        pos = written + tl.cumsum(take.to(tl.int32), axis=0) - take.to(tl.int32)
+        tl.store(out_ptr + row * K + pos, n.to(tl.int64), mask=take)
+        ties_left -= tl.sum(tie.to(tl.int32), axis=0)
+        written += tl.sum(take.to(tl.int32), axis=0)
+    for k0 in range(0, K, BN):
+        kk = k0 + tl.arange(0, BN)
+        tl.store(out_ptr + row * K + kk, tl.full([BN], -1, tl.int64), mask=(kk >= written) & (kk < K))
+
+
+def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """scores [T, N] -> ids [T, k] ascending, -1 for slots with score -inf or beyond N; ties to the lower id."""
+    t, n = scores.shape
+    out = empty((t, k), torch.int64, scores.device)
+    if t == 0 or k == 0:
+        return out
+    bn = max(16, min(next_pow2(max(n, k)), 4096 if INTERPRETED else 1024))
+    _topk_kernel[(t,)](scores.float().contiguous(), out, n, k, BN=bn)
+    return out
+
+
+@triton.jit
+def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NBLK, BS: tl.constexpr, BB: tl.constexpr):
+    """block_score[t, b] = max of scores over block b; +inf for the block of the newest visible entry."""
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * BB + tl.arange(0, BB)
+    e = b[:, None] * BS + tl.arange(0, BS)[None, :]
+    s = tl.load(s_ptr + t * N + e, mask=(e < N) & (b[:, None] < NBLK), other=float("-inf"))
+    best = tl.max(s, axis=1)
+    vis = tl.load(vis_ptr + t).to(tl.int64)
+    newest = tl.maximum(vis - 1, 0) // BS
+    best = tl.where((vis > 0) & (b == newest), float("inf"), best)
+    tl.store(out_ptr + t * NBLK + b, best, mask=b < NBLK)
+
+
+@triton.jit
+def _expand_mask_kernel(ids_ptr, out_ptr, N, TOPB, BS: tl.constexpr, BB: tl.constexpr):
+    """mask[t, n] = (n // BS) is one of the kept block ids (ids >= 0) of row t."""
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BB + tl.arange(0, BB)
+    keep = tl.zeros([BB], tl.int32)
+    for j in range(0, TOPB):
+        blk = tl.load(ids_ptr + t * TOPB + j)
+        keep = keep | ((n // BS) == blk).to(tl.int32)
+    tl.store(out_ptr + t * N + n, keep.to(tl.int8), mask=n < N)
+
+
+def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, block_size: int, top_blocks: int) -> torch.Tensor:
+    """Two-level pre-filter: block maxima (newest visible block forced), exact top blocks, expanded to entries."""
+    t, n = scores.shape
+    n_blocks = -(-n // block_size)
+    out = empty((t, n), torch.int8, scores.device)
+    if t == 0 or n == 0:
+        return out.bool()
+    block_scores = empty((t, n_blocks), torch.float32, scores.device)
+    bs = next_pow2(block_size)
+    if bs != block_size:
+        raise ValueError(f"candidate block size {block_size} must be a power of two for the Triton pre-filter")
+    bb = max(1, min(next_pow2(n_blocks), 256))
+    _block_max_kernel[(t, triton.cdiv(n_blocks, bb))](scores.float().contiguous(), visible.contiguous(),
+                                                     block_scores, n, n_blocks, BS=block_size, BB=bb)
+    ids = topk_indices(block_scores, top_blocks)  # kept blocks; -inf blocks come back as -1
+    bbn = max(16, min(next_pow2(n), 4096 if INTERPRETED else 1024))
+    _expand_mask_kernel[(t, triton.cdiv(n, bbn))](ids, out, n, ids.shape[1], BS=block_size, BB=bbn)
+    return out.bool()

@@ -1,0 +1,123 @@
+"""mHC: site coefficients (projection + RMS + sigmoid gains), Sinkhorn 4x4, stream collapse and expand."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRETED, empty, next_pow2
+
+
+@triton.jit
+def _sinkhorn_kernel(x_ptr, out_ptr, S, iters, eps, SP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, SP)[:, None]
+    o = tl.arange(0, SP)[None, :]
+    valid = (i < S) & (o < S)
+    x = tl.load(x_ptr + t * S * S + i * S + o, mask=valid, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    m = tl.where(valid, e / tl.sum(e, axis=1)[:, None] + eps, 0.0)  # softmax over outputs, + eps
+    m = m / (tl.sum(m, axis=0)[None, :] + eps)  # input-sum normalisation
+    for _ in range(1, iters):
+        m = m / (tl.sum(m, axis=1)[:, None] + eps)
+        m = m / (tl.sum(m, axis=0)[None, :] + eps)
+    tl.store(out_ptr + t * S * S + i * S + o, m, mask=valid)
+
+
+def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """logits [T, S, S] -> fp32 [T, S, S]."""
+    t, s, _ = logits.shape
+    out = empty(logits.shape, torch.float32, logits.device)
+    if t:
+        _sinkhorn_kernel[(t,)](logits.float().contiguous(), out, s, iters, float(eps), SP=max(2, next_pow2(s)))
+    return out
+
+
+@triton.jit
+def _hc_mix_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, M, hc_eps, norm_eps,
+                   MP: tl.constexpr, BK: tl.constexpr):
+    """One token: mix[m] = (x . fn[m]) * rsqrt(mean(x^2) + eps); logits -> pre, post, comb logits."""
+    t = tl.program_id(0).to(tl.int64)
+    m = tl.arange(0, MP)
+    acc = tl.zeros([MP], tl.float32)
+    sq = tl.zeros([BK], tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + t * K + k, mask=k < K, other=0.0).to(tl.float32)
+        f = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+        acc += tl.sum(f.to(tl.float32) * x[None, :], axis=1)
+        sq += x * x
+    mix = acc * (1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + norm_eps))
+    g0 = tl.load(scale_ptr)
+    g1 = tl.load(scale_ptr + 1)
+    g2 = tl.load(scale_ptr + 2)
+    gain = tl.where(m < S, g0, tl.where(m < 2 * S, g1, g2))
+    logit = tl.load(base_ptr + m, mask=m < M, other=0.0) + mix * gain
+    sig = 1.0 / (1.0 + tl.exp(-logit))
+    tl.store(pre_ptr + t * S + m, sig + hc_eps, mask=m < S)
+    tl.store(post_ptr + t * S + (m - S), 2.0 * sig, mask=(m >= S) & (m < 2 * S))
+    tl.store(comb_ptr + t * S * S + (m - 2 * S), logit, mask=(m >= 2 * S) & (m < M))
+
+
+def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_eps: float):
+    """streams [T, S, d], fn [(2+S)*S, S*d] -> (pre [T, S], post [T, S], comb [T, S, S]) fp32."""
+    t, s, d = streams.shape
+    k, mm = s * d, (2 + s) * s
+    pre = empty((t, s), torch.float32, streams.device)
+    post = empty((t, s), torch.float32, streams.device)
+    comb_logits = empty((t, s, s), torch.float32, streams.device)
+    if t:
+        _hc_mix_kernel[(t,)](streams.contiguous(), fn.float().contiguous(), base.float().contiguous(),
+                             scale.float().contiguous(), pre, post, comb_logits, s, k, mm, float(hc_eps),
+                             float(norm_eps), MP=next_pow2(mm), BK=min(next_pow2(k), 4096 if INTERPRETED else 256))
+    return pre, post, sinkhorn(comb_logits, iters, hc_eps)
+
+
+@triton.jit
+def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, S, D, BD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    acc = tl.zeros([BD], tl.float32)
+    for s in range(0, S):
+        w = tl.load(pre_ptr + t * S + s).to(tl.float32)
+        acc += w * tl.load(x_ptr + (t * S + s) * D + d, mask=d < D, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * D + d, acc.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """sum_s pre[t, s] * streams[t, s] -> [T, d] in the streams' dtype."""
+    t, s, d = streams.shape
+    out = empty((t, d), streams.dtype, streams.device)
+    if t:
+        bd = min(next_pow2(d), 8192 if INTERPRETED else 1024)
+        _hc_collapse_kernel[(t, triton.cdiv(d, bd))](streams.contiguous(), pre.float().contiguous(), out, s, d, BD=bd)
+    return out
+
+
+@triton.jit
+def _hc_expand_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, out_ptr, S, D, SP: tl.constexpr, BD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    s = tl.arange(0, SP)
+    x = tl.load(x_ptr + (t * S + s[:, None]) * D + d[None, :], mask=(s[:, None] < S) & (d[None, :] < D),
+                other=0.0).to(tl.float32)  # [SP(in), BD]
+    comb = tl.load(comb_ptr + t * S * S + s[:, None] * S + s[None, :], mask=(s[:, None] < S) & (s[None, :] < S),
+                   other=0.0)  # [SP(in), SP(out)]
+    mixed = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)  # [SP(out), BD]
+    post = tl.load(post_ptr + t * S + s, mask=s < S, other=0.0)
+    f = tl.load(f_ptr + t * D + d, mask=d < D, other=0.0).to(tl.float32)
+    out = post[:, None] * f[None, :] + mixed
+    tl.store(out_ptr + (t * S + s[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=(s[:, None] < S) & (d[None, :] < D))
+
+
+def hc_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """X'[o] = post[o] * out + sum_i comb[i, o] * X[i] -> [T, S, d] in the streams' dtype."""
+    t, s, d = streams.shape
+    res = empty(streams.shape, streams.dtype, streams.device)
+    if t:
+        bd = min(next_pow2(d), 4096 if INTERPRETED else 256)
+        _hc_expand_kernel[(t, triton.cdiv(d, bd))](streams.contiguous(), out.contiguous(), post.float().contiguous(),
+                                                   comb.float().contiguous(), res, s, d, SP=max(2, next_pow2(s)), BD=bd)
+    return res

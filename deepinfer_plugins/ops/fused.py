@@ -1,0 +1,54 @@
+"""References for fused ops that the V4.1 model runs as several steps: Engram gather + gate, CSA2 pooling.
+
+Each is the composition of the model's own steps (engram.py, attention.py ``Compressor``) written once, so a
+kernel that fuses them has one truth to match.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .quant import dequant_fp8_rows
+from .reference import rms_norm
+from .registry import registry
+
+
+@registry.reference("engram_gather")
+def engram_gather(weight: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Engram table lookup: weight [R, W] E4M3, scale [R, ceil(W/32)] E8M0, ids [T, C] -> [T, C, W] in dtype."""
+    return dequant_fp8_rows(weight[ids], scale[ids], dtype)  # a plain function, not a registry op
+
+
+@registry.reference("engram_gate")
+def engram_gate(streams: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w: torch.Tensor,
+                eps: float) -> torch.Tensor:
+    """Gated Engram injection (spec §7.3).
+
+    streams [T, S, d]; key [T, S, d] and value [T, d] (from ``wkv`` of the gathered rows); w [S, d] =
+    q_weight * k_weight. gate[t, s] = sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6))) with
+    dot = sum(h * w * key) * rsqrt(mean(h^2) + eps) * rsqrt(mean(key^2) + eps) / sqrt(d), all fp32.
+    Returns h + gate * value in the streams' dtype.
+    """
+    d = streams.shape[-1]
+    h, key, value = streams.float(), key.float(), value.float()
+    dot = (h * w.float() * key).sum(-1)  # [T, S]
+    dot = dot * torch.rsqrt(h.pow(2).mean(-1) + eps) * torch.rsqrt(key.pow(2).mean(-1) + eps)
+    dot = dot / math.sqrt(d)
+    gate = torch.sigmoid(dot.sign() * dot.abs().clamp(min=1e-6).sqrt())  # [T, S]
+    return (h + gate[..., None] * value[:, None, :]).to(streams.dtype)
+
+
+@registry.reference("csa2_compress")
+def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_weight: torch.Tensor | None,
+                  eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """CSA2 pooling of complete groups (spec §5.4), ratio >= 2.
+
+    values, gates [G * ratio, c] fp32 (wkv(x), wgate(x)) -> latents [G, c] in ``dtype``: per channel a softmax
+    over the group's tokens of the gates weights the values; the fp32 sum is cast to ``dtype`` and RMS-normed.
+    Unrotated and unquantised (RoPE and the NVFP4 cache write follow).
+    """
+    grouped_v = values.float().unflatten(0, (-1, ratio))  # [G, r, c]
+    weights = gates.float().unflatten(0, (-1, ratio)).softmax(dim=1)  # [G, r, c]
+    return rms_norm.reference((weights * grouped_v).sum(dim=1).to(dtype), norm_weight, eps)

@@ -1,0 +1,74 @@
+"""Helpers for kernel-vs-reference tests: the Triton interpreter switch, fresh seeds, poisoned outputs and a
+comparator that points at the worst element (FlashMLA ``compare.py`` style).
+
+Importing this module turns the Triton interpreter on (before any kernel is decorated), so it must be imported
+before ``deepinfer_plugins.ops.backends.triton_kernels``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+
+def fresh_generator(request) -> torch.Generator:
+    """A new random seed per test run, printed so that a failure can be replayed (DEEPINFER_TEST_SEED=...)."""
+    seed = int(os.environ.get("DEEPINFER_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+    print(f"{request.node.nodeid}: seed {seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def gen(request):
+    return fresh_generator(request)
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs(monkeypatch):
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    monkeypatch.setattr(common, "POISON", True)
+
+
+def describe(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    a, e = actual.double().flatten(), expected.double().flatten()
+    diff = (a - e).abs().nan_to_num(float("inf"))
+    worst = int(diff.argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), actual.shape))
+    cos = 1 - torch.nn.functional.cosine_similarity(a.nan_to_num(0)[None], e.nan_to_num(0)[None]).item()
+    rel = diff[worst] / max(abs(e[worst].item()), 1e-30)
+    return (f"worst at {index}: got {a[worst].item()!r}, want {e[worst].item()!r} (abs {diff[worst].item():.3e}, "
+            f"rel {rel:.3e}); cosine diff {cos:.3e}; nan got/want {int(a.isnan().sum())}/{int(e.isnan().sum())}, "
+            f"inf got/want {int(a.isinf().sum())}/{int(e.isinf().sum())}")
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, cos: float = 1e-5) -> None:
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
+    a, e = actual.double(), expected.double()
+    same_nonfinite = (a.isnan() == e.isnan()).all() and (a.isinf() == e.isinf()).all() and \
+        (a[a.isinf()] == e[e.isinf()]).all()
+    finite = a.isfinite() & e.isfinite()
+    ok = bool(same_nonfinite) and bool(((a - e).abs()[finite] <= atol + rtol * e.abs()[finite]).all())
+    if a.numel() > 1 and finite.all():
+        cd = 1 - torch.nn.functional.cosine_similarity(a.flatten()[None], e.flatten()[None]).item()
+        ok = ok and (cd <= cos or e.abs().max() == 0)
+    assert ok, describe(actual, expected)
+
+
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bit-exact, except that +0 and -0 are equal (the quantisers' zero sign is not part of the contract)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, \
+        f"{actual.dtype} {tuple(actual.shape)} != {expected.dtype} {tuple(expected.shape)}"
+    if actual.dtype.is_floating_point and actual.dtype.itemsize > 1:
+        a, e = actual.float(), expected.float()
+        bad = ~((a == e) | (a.isnan() & e.isnan()))
+    else:
+        bad = actual.view(torch.uint8) != expected.view(torch.uint8) if actual.dtype.itemsize == 1 else actual != expected
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} differ; " + describe(actual.float(), expected.float())

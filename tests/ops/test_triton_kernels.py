@@ -1,0 +1,232 @@
+"""Every Triton kernel against its PyTorch reference under the Triton interpreter (CPU tensors).
+
+Guarantees: quantisers, cache records, dequantisers, RoPE, the Engram hash and top-k selections are bit-exact
+(ids equal, ties to the lower id); attention, indexer, mHC, norms and gates match within the stated
+tolerances. Inputs are fresh random per run (seed printed), every output buffer starts poisoned, and edge
+cases are covered: all-zero and saturating blocks, narrow rows, -1 padding, empty selections, window
+wrap-around, all-equal scores, k larger than the row.
+"""
+
+import math
+
+import pytest
+import torch
+
+from .kernel_compare import assert_bits_equal, assert_close, gen, poison_outputs  # noqa: F401  (fixtures)
+
+from deepinfer_plugins import ops  # noqa: E402
+from deepinfer_plugins.ops.backends.triton_kernels import attention, indexer, mhc, misc, quant  # noqa: E402
+
+
+def spread(shape, g, dtype=torch.float32):
+    """Values over many binades, with ties to round (exact quarter steps) and zero blocks mixed in."""
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, shape[:-1] + (1,), generator=g).float())
+    x = torch.where(torch.rand(shape, generator=g) < 0.1, torch.round(x * 4) / 4, x)
+    x.view(-1, shape[-1])[0, : min(32, shape[-1])] = 0.0
+    return x.to(dtype)
+
+
+# ---- quantisers and records (bit-exact) -----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(6, 512), (3, 4, 32), (5, 8)])
+@pytest.mark.parametrize("name", ["fp8_fake_quant", "nvfp4_fake_quant", "mxfp4_fake_quant"])
+def test_fake_quant_is_bit_exact(name, shape, dtype, gen):
+    x = spread(shape, gen, dtype)
+    x.view(-1, shape[-1])[-1, :2] = torch.tensor([1e6, -3e-30])  # saturating scale, negative underflow
+    assert_bits_equal(getattr(quant, name)(x), getattr(ops, name).reference(x))
+
+
+def test_fp8_block_quant_is_bit_exact(gen):
+    x = spread((4, 256), gen)
+    q, s = quant.fp8_block_quant(x)
+    qr, sr = ops.fp8_block_quant.reference(x)
+    assert_bits_equal(q, qr)
+    assert_bits_equal(s, sr)
+
+
+@pytest.mark.parametrize("fmt,dim", [("fp8_window", 512), ("nvfp4", 512), ("mxfp4", 128), ("nvfp4", 32)])
+def test_records_pack_unpack_write_gather(fmt, dim, gen):
+    x = spread((7, dim), gen, torch.bfloat16)
+    records = quant.pack_cache_records(x, fmt)
+    assert records.shape == (7, ops.record_bytes(fmt, dim))
+    assert_bits_equal(records, ops.pack_cache_records.reference(x, fmt))
+    assert_bits_equal(quant.unpack_cache_records(records, fmt, dim, torch.float32),
+                      ops.unpack_cache_records.reference(records, fmt, dim, torch.float32))
+    # paged write: slots out of order, one skipped (-1); untouched slots keep their bytes
+    cache = torch.randint(0, 256, (12, records.shape[1]), generator=gen, dtype=torch.uint8)
+    expected = ops.cache_write.reference(cache.clone(), torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
+    got = quant.cache_write(cache.clone(), torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
+    assert_bits_equal(got, expected)
+    slots = torch.tensor([[3, -1, 9], [0, 0, -1]])
+    assert_bits_equal(quant.cache_gather(expected, slots, fmt, dim, torch.bfloat16),
+                      ops.cache_gather.reference(expected, slots, fmt, dim, torch.bfloat16))
+
+
+def test_window_ring_write_wraps_around(gen):
+    window, dim = 8, 64
+    cache = torch.zeros(window, ops.record_bytes("fp8_window", dim), dtype=torch.uint8)
+    ref = cache.clone()
+    for start in (0, 5, 11):  # chunks whose positions cross the ring boundary
+        x = torch.randn(6, dim, generator=gen)
+        slots = torch.arange(start, start + 6) % window
+        quant.cache_write(cache, slots, x, "fp8_window")
+        ops.cache_write.reference(ref, slots, x, "fp8_window")
+        assert_bits_equal(cache, ref)
+
+
+def test_weight_and_table_dequant(gen):
+    w = torch.randn(70, 96, generator=gen)
+    q8, s8 = ops.quantize_fp8_weight(w)
+    assert_bits_equal(quant.dequant_fp8_weight(q8, s8, torch.bfloat16), ops.dequant_fp8_weight.reference(q8, s8, torch.bfloat16))
+    q4, s4 = ops.quantize_fp4_weight(w)
+    assert_bits_equal(quant.dequant_fp4_weight(q4, s4, torch.float32), ops.dequant_fp4_weight.reference(q4, s4, torch.float32))
+    table, scale = ops.quantize_fp8_rows(torch.randn(50, 64, generator=gen))
+    ids = torch.randint(0, 50, (5, 6), generator=gen)
+    assert_bits_equal(quant.dequant_fp8_rows(table[ids], scale[ids], torch.bfloat16),
+                      ops.dequant_fp8_rows(table[ids], scale[ids], torch.bfloat16))
+    assert_bits_equal(quant.engram_gather(table, scale, ids, torch.float32),
+                      ops.engram_gather.reference(table, scale, ids, torch.float32))
+    narrow, nscale = ops.quantize_fp8_rows(torch.randn(20, 8, generator=gen))  # width 8 < block 32
+    assert_bits_equal(quant.engram_gather(narrow, nscale, ids % 20, torch.float32),
+                      ops.engram_gather.reference(narrow, nscale, ids % 20, torch.float32))
+
+
+# ---- sparse attention (stated tolerance) -----------------------------------------------------------------------
+ATTN_TOL = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,h,d,k", [(2, 16, 64, 40), (3, 4, 32, 12), (6, 20, 48, 70)])
+def test_sparse_attention(t, h, d, k, dtype, gen):
+    pool = torch.randn(90, d, generator=gen).to(dtype)
+    q = torch.randn(t, h, d, generator=gen).to(dtype)
+    sink = torch.randn(h, generator=gen)
+    idx = torch.randint(0, 90, (t, k), generator=gen)
+    idx = torch.where(torch.rand(t, k, generator=gen) < 0.2, -1, idx)  # -1 padding anywhere
+    idx[0] = -1  # a query with an empty selection returns zeros
+    scale = d ** -0.5
+    got = attention.sparse_attention(q, pool, idx, sink, scale)
+    want = ops.sparse_attention.reference(q, pool, idx, sink, scale)
+    assert (got[0] == 0).all()
+    atol, rtol = ATTN_TOL[dtype]
+    assert_close(got, want, atol=atol, rtol=rtol, cos=1e-4)
+
+
+def test_sparse_attention_multi_token_verify_over_a_wrapped_window(gen):
+    """DSpark verify: 4 query rows, each with its own window (ring slots wrap) plus compressed entries."""
+    window, d, h = 8, 32, 16
+    pool = torch.randn(window + 10, d, generator=gen)  # ring rows 0..7, compressed rows 8..17
+    positions = torch.arange(21, 25)
+    ring = (positions[:, None] - window + 1 + torch.arange(window)[None, :]) % window  # [4, 8] wraps
+    comp = torch.randint(window, window + 10, (4, 5), generator=gen)
+    comp[:, -1] = -1
+    idx = torch.cat((ring, comp), dim=1)
+    q = torch.randn(4, h, d, generator=gen)
+    sink = torch.randn(h, generator=gen)
+    assert_close(attention.sparse_attention(q, pool, idx, sink, 0.3),
+                 ops.sparse_attention.reference(q, pool, idx, sink, 0.3), atol=2e-5, rtol=1e-5)
+
+
+# ---- indexer, top-k, pre-filter ----------------------------------------------------------------------------------
+def test_indexer_scores(gen):
+    q = ops.mxfp4_fake_quant(torch.randn(3, 32, 128, generator=gen))
+    keys = ops.mxfp4_fake_quant(torch.randn(200, 128, generator=gen))
+    w = torch.randn(3, 32, generator=gen)
+    want = ops.indexer_scores.reference(q, w, keys)
+    assert_close(indexer.indexer_scores(q, w, keys), want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 5, 16, 300])
+def test_topk_ids_are_exact_with_ties_and_masks(k, gen):
+    scores = torch.randint(-3, 4, (6, 130), generator=gen).float()  # many ties
+    scores[1] = 2.0  # all equal
+    scores[2] = float("-inf")  # nothing visible
+    scores[3, 40:] = float("-inf")  # fewer visible than k
+    scores[4] = torch.randn(130, generator=gen)
+    scores[5, ::2] = float("-inf")
+    assert_bits_equal(indexer.topk_indices(scores, k), ops.topk_indices.reference(scores, k))
+
+
+def test_candidate_mask(gen):
+    scores = torch.randn(4, 70, generator=gen)
+    visible = torch.tensor([70, 33, 0, 1])
+    scores = torch.where(torch.arange(70)[None, :] < visible[:, None], scores, float("-inf"))
+    scores[0, :16] = 5.0  # tied block maxima
+    assert_bits_equal(indexer.candidate_mask(scores, visible, 8, 3), ops.candidate_mask.reference(scores, visible, 8, 3))
+
+
+# ---- mHC ---------------------------------------------------------------------------------------------------------
+def test_sinkhorn_and_coefficients(gen):
+    logits = torch.randn(5, 4, 4, generator=gen) * 3
+    assert_close(mhc.sinkhorn(logits, 20, 1e-6), ops.sinkhorn.reference(logits, 20, 1e-6), atol=1e-6, rtol=1e-5)
+    streams = torch.randn(3, 4, 64, generator=gen).bfloat16()
+    fn = torch.randn(24, 256, generator=gen) * 0.05
+    base, scale = torch.randn(24, generator=gen), torch.rand(3, generator=gen)
+    got = mhc.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20)
+    want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
+    for g, w in zip(got, want):
+        assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_collapse_and_expand(dtype, gen):
+    streams = torch.randn(5, 4, 96, generator=gen).to(dtype)
+    pre = torch.rand(5, 4, generator=gen)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert_close(mhc.hc_collapse(streams, pre), ops.hc_collapse.reference(streams, pre), atol=tol, rtol=tol)
+    out, post, comb = torch.randn(5, 96, generator=gen).to(dtype), torch.rand(5, 4, generator=gen), torch.rand(5, 4, 4, generator=gen)
+    assert_close(mhc.hc_expand(streams, out, post, comb), ops.hc_expand.reference(streams, out, post, comb),
+                 atol=tol, rtol=tol)
+
+
+# ---- small ops -------------------------------------------------------------------------------------------------------
+def test_rms_norm_rope_swiglu(gen):
+    x = torch.randn(4, 3, 80, generator=gen)
+    w = torch.randn(80, generator=gen)
+    assert_close(misc.rms_norm(x, w, 1e-20), ops.rms_norm.reference(x, w, 1e-20), atol=1e-5, rtol=1e-5)
+    assert_close(misc.rms_norm(x.bfloat16(), None, 1e-6), ops.rms_norm.reference(x.bfloat16(), None, 1e-6),
+                 atol=1e-2, rtol=1e-2)
+    pos, inv = torch.randint(0, 5000, (4,), generator=gen), torch.rand(8, generator=gen)
+    for inverse in (False, True):
+        assert_bits_equal(misc.rope(x, pos, inv, inverse), ops.rope.reference(x, pos, inv, inverse))
+    g, u = torch.randn(6, 40, generator=gen) * 6, torch.randn(6, 40, generator=gen) * 6
+    for limit in (10.0, None):
+        assert_close(misc.swiglu(g, u, limit), ops.swiglu.reference(g, u, limit), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [6, 2])
+def test_router_selects_the_same_experts(top_k, gen):
+    logits = torch.randn(9, 384, generator=gen) * 2
+    bias = torch.randn(9, 384, generator=gen) * 0.1  # per-token bias (image spans use bias_vl)
+    w, ids = misc.sqrtsoftplus_route(logits, bias, top_k, 1.5)
+    wr, idr = ops.sqrtsoftplus_route.reference(logits, bias, top_k, 1.5)
+    assert torch.equal(ids, idr)
+    assert_close(w, wr, atol=1e-6, rtol=1e-6)
+
+
+def test_engram_hash_is_exact_with_int64_wraparound(gen):
+    toks = torch.randint(0, 99092, (11, 4), generator=gen)
+    toks[0] = 2  # pad ids
+    mult = torch.tensor([76632096046245, 4839876093313, 35959672319349, 73987337458391])  # spec §7.2, layer 1
+    primes = torch.tensor([16000057, 16000079, 16000081, 16000097, 16000103, 16000109, 16000121, 16000139]).repeat(3, 1)
+    offsets = (primes.flatten().cumsum(0) - primes.flatten()).view(3, 8)
+    assert_bits_equal(misc.engram_hash(toks, mult, primes, offsets), ops.engram_hash.reference(toks, mult, primes, offsets))
+
+
+def test_engram_gate_and_csa2_compress(gen):
+    streams = torch.randn(3, 4, 64, generator=gen).bfloat16()
+    key, value = torch.randn(3, 4, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    w = torch.randn(4, 64, generator=gen)
+    assert_close(misc.engram_gate(streams, key, value, w, 1e-6), ops.engram_gate.reference(streams, key, value, w, 1e-6),
+                 atol=2e-2, rtol=1e-2)
+    values, gates = torch.randn(8, 48, generator=gen), torch.randn(8, 48, generator=gen) * 4
+    nw = torch.rand(48, generator=gen)
+    for ratio in (2, 4):
+        assert_close(misc.csa2_compress(values, gates, ratio, nw, 1e-20, torch.float32),
+                     ops.csa2_compress.reference(values, gates, ratio, nw, 1e-20, torch.float32), atol=1e-5, rtol=1e-5)
+
+
+def test_odd_widths_raise_like_the_reference():
+    with pytest.raises(ValueError, match="multiple"):
+        quant.fp8_fake_quant(torch.ones(48))
+    assert math.isclose(1.0, 1.0)

@@ -1,0 +1,77 @@
+"""The tiny V4.1 model (spec §13.1, preset tiny-vocab256, seed 0) with every op that has a Triton kernel forced
+to Triton (interpreter) gives the reference backend's logits.
+
+Tolerance: 2e-3 absolute on fp32 logits of magnitude ~1 and the same argmax. Quantisers, RoPE and top-k are
+bit-exact; the attention, norms, mHC and router differ from the reference only in summation order (last-bit
+float differences), which can move a value across a quantisation boundary downstream, hence not 1e-6.
+Also checks the registry: discovery through the entry point, forced selection, and the CPU fallback.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from .kernel_compare import triton  # noqa: F401  (turns the interpreter on, skips without Triton)
+
+from deepinfer_plugins import ops  # noqa: E402
+from deepinfer_plugins.ops.backends import triton_backend  # noqa: E402
+
+from ..conftest import prompt  # noqa: E402
+
+
+def triton_ops() -> list[str]:
+    return [name for name in sorted(ops.registry.ops) if "triton" in ops.registry.backends_of(name)]
+
+
+def test_entry_point_registers_triton_for_every_kernel_op():
+    names = triton_ops()
+    missing = sorted(set(triton_backend.OPS) & set(ops.registry.ops) - set(names))
+    assert not missing, f"ops with a Triton kernel but no registration: {missing}"
+    assert {"sparse_attention", "fp8_fake_quant", "topk_indices", "hc_coefficients", "cache_write"} <= set(names)
+
+
+def test_forced_triton_is_used_on_cpu(monkeypatch):
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "triton")
+    assert ops.registry.select("fp8_fake_quant", "cpu").__name__ == "triton_fp8_fake_quant"
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "fp8_fake_quant=reference")
+    assert ops.registry.select("fp8_fake_quant", "cpu") is ops.fp8_fake_quant.reference
+    monkeypatch.delenv("DEEPINFER_OP_BACKEND")
+    assert ops.registry.select("fp8_fake_quant", "cpu") is ops.fp8_fake_quant.reference  # CPU default
+
+
+def test_cpu_without_interpreter_falls_back_with_one_info_line(monkeypatch, caplog):
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    monkeypatch.setattr(common, "INTERPRETED", False)
+    monkeypatch.setattr(triton_backend, "_fallback_logged", set())
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "swiglu=triton")
+    g, u = torch.randn(3, 8), torch.randn(3, 8)
+    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
+        out1 = ops.swiglu(g, u, 10.0)
+        ops.swiglu(g, u, 10.0)
+    assert torch.equal(out1, ops.swiglu.reference(g, u, 10.0))
+    assert sum("swiglu" in r.message for r in caplog.records) == 1
+
+
+def test_tiny_model_logits_match_reference(tiny256, monkeypatch):
+    ids = prompt(20, 0)
+    monkeypatch.delenv("DEEPINFER_OP_BACKEND", raising=False)
+    want = tiny256(ids)
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", ",".join(f"{name}=triton" for name in triton_ops()))
+    got = tiny256(ids)
+    print(f"max |logit diff| {(got - want).abs().max().item():.3e}")
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_tiny_model_incremental_decode_with_triton(tiny256, monkeypatch):
+    """Prefill 9 tokens then decode 3 one at a time (window wrap, compression boundaries) on Triton."""
+    ids = prompt(12, 5)
+    monkeypatch.delenv("DEEPINFER_OP_BACKEND", raising=False)
+    want = tiny256(ids)
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", ",".join(f"{name}=triton" for name in triton_ops()))
+    cache = tiny256.new_cache()
+    got = torch.cat([tiny256(ids[:9], cache)] + [tiny256(ids[i:i + 1], cache) for i in range(9, 12)])
+    print(f"max |logit diff| {(got - want).abs().max().item():.3e}")
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
