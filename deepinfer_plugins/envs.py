@@ -8,6 +8,9 @@ ENVIRONMENT = {
     "DEEPINFER_KEEP_UPSTREAM_V41": "0 (default): our model serves the architecture 'DeepseekV41ForCausalLM'; "
                                    "1: leave that name to vLLM's own class (ours stays under "
                                    "'DeepInferDeepseekV41ForCausalLM').",
+    "DEEPINFER_KEEP_DENSE_WEIGHTS": "1 (default): the vLLM adapter dequantises FP8/FP4 weights once after loading "
+                                    "(fast CPU decode, dense-size memory); 0: dequantise per use (checkpoint-size "
+                                    "memory).",
     "DEEPINFER_OP_BACKEND": "unset (default): pick op backends by device; 'triton' (any backend name) forces it "
                             "for every op; 'op=backend,...' forces per op (ops/registry.py).",
     "DEEPINFER_SGLANG_KEEP_UPSTREAM": "0 (default): our model serves 'DeepseekV41ForCausalLM' in SGLang; 1: keep "
@@ -15,8 +18,11 @@ ENVIRONMENT = {
 }
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes")
+def _flag(name: str, default: str = "0") -> bool:
+    value = os.environ.get(name, default).strip().lower()
+    if value not in ("", "0", "1", "false", "true", "no", "yes"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1")
+    return value in ("1", "true", "yes")
 
 
 def keep_upstream_v41() -> bool:
@@ -25,3 +31,7 @@ def keep_upstream_v41() -> bool:
 
 def keep_upstream_sglang() -> bool:
     return _flag("DEEPINFER_SGLANG_KEEP_UPSTREAM")
+
+
+def keep_dense_weights() -> bool:
+    return _flag("DEEPINFER_KEEP_DENSE_WEIGHTS", default="1")

@@ -19,30 +19,23 @@ core model, no SGLang layers) is imported here; the worker is imported only when
 from __future__ import annotations
 
 import logging
-import os
+
+from .. import envs
 
 logger = logging.getLogger(__name__)
 
 KEEP_UPSTREAM_ENV = "DEEPINFER_SGLANG_KEEP_UPSTREAM"
-"""``1``: leave ``DeepseekV41ForCausalLM`` to upstream SGLang (default ``0``: DeepInfer serves it)."""
 SPEC_ALGORITHM = "DEEPINFER_DSPARK"
 V41_ARCH = "DeepseekV41ForCausalLM"
 
 _registered = False
 
 
-def keep_upstream() -> bool:
-    value = os.environ.get(KEEP_UPSTREAM_ENV, "0").strip().lower()
-    if value not in ("", "0", "1", "false", "true", "no", "yes"):
-        raise ValueError(f"{KEEP_UPSTREAM_ENV}={value!r}: expected 0 or 1")
-    return value in ("1", "true", "yes")
-
-
 def register() -> None:
     global _registered
     if _registered:
         return
-    upstream = keep_upstream()
+    upstream = envs.keep_upstream_sglang()
     archs = register_models(upstream)
     if not upstream:
         from .patches import register_v41_architecture_name_hook

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from vllm.forward_context import get_forward_context
 
+from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, check_tensor
@@ -88,4 +89,6 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         missing = sorted(set(f"model.{n}" for n in params) - loaded)
         if missing:
             raise CheckpointError(f"missing tensor {missing[0][len('model.'):]!r} ({len(missing)} missing in total)")
+        if envs.keep_dense_weights():
+            self.model.keep_dense_weights()
         return loaded

@@ -8,6 +8,7 @@ official tensors and nothing is dequantised at load:
 Quantised weights are dequantised on the fly, per call, into the activation dtype. At full scale that keeps
 the FP4 experts at 0.53 bytes per parameter (dequantising them at load to bf16 would need ~1.1 TB instead of
 ~289 GB); the cost is one dequantisation per use, which the CUDA / Ascend GEMM backends avoid entirely.
+On a CPU with memory to spare, ``keep_dense`` trades memory for speed: the dequantised weight is kept.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ class Linear(nn.Module):
         else:
             raise ValueError(f"unknown weight format {fmt!r}; expected 'float', 'fp8' or 'fp4'")
 
+    def keep_dense(self, dtype: torch.dtype) -> None:
+        """Keep the dequantised weight in ``dtype`` (memory: out * in * itemsize) instead of rebuilding it."""
+        self.dense = self.dense_weight(dtype)
+
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        dense = getattr(self, "dense", None)
+        if dense is not None and dense.dtype == dtype:
+            return dense
         if self.fmt == "fp8":
             return ops.dequant_fp8_weight(self.weight, self.scale, dtype)
         if self.fmt == "fp4":
