@@ -65,3 +65,40 @@ def test_repeated_long_prefix_is_served_from_the_prefix_cache(server, openai_cli
                                               max_tokens=4, temperature=0, extra_body=OFF)
     hits = metric(server, "vllm:prefix_cache_hits_total") - before
     assert hits >= 256, f"expected the second request to reuse at least two 128-token blocks, got {hits} hits"
+
+
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                   "unit": {"type": "string", "enum": ["C", "F"]},
+                                                   "days": {"type": "integer"}},
+                  "required": ["city", "unit"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": WEATHER_SCHEMA}},
+         {"type": "function", "function": {"name": "get_time", "strict": True,
+                                           "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}},
+                                                          "required": ["zone"]}}}]
+
+
+def test_required_tool_choice_is_enforced_with_the_tool_schemas(openai_client):
+    out = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=False, max_tokens=200, temperature=0, extra_body=OFF)
+    calls = out.choices[0].message.tool_calls
+    assert len(calls) == 1 and out.choices[0].finish_reason == "tool_calls"
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_named_tool_choice_calls_that_tool(openai_client):
+    stream = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=TOOLS, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=200, temperature=0,
+        extra_body=OFF)
+    names, arguments = [], {}
+    for chunk in stream:
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if call.function.name:
+                names.append(call.function.name)
+            arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+    assert names and set(names) == {"get_time"}
+    for text in arguments.values():
+        jsonschema.validate(json.loads(text), TOOLS[1]["function"]["parameters"])
