@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
+from deepinfer_plugins.cli import stop_process_group
+
 MODEL = "deepseek-v4.1-small"
 OFF = {"chat_template_kwargs": {"thinking": False}, "ignore_eos": True}
 
@@ -31,7 +33,7 @@ def start_server(checkpoint: Path, port: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "deepinfer_plugins.cli", "serve", "--plugin", "deepinfer", str(checkpoint),
                "--port", str(port), "--dtype", "float32", "--max-model-len", "8192", "--served-model-name", MODEL]
     process = subprocess.Popen(command, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2"),
-                               stdout=log.open("w"), stderr=subprocess.STDOUT)
+                               stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 900
     while time.time() < deadline:
         if process.poll() is not None:
@@ -41,7 +43,7 @@ def start_server(checkpoint: Path, port: int, log: Path) -> subprocess.Popen:
                 return process
         except httpx.HTTPError:
             time.sleep(2)
-    process.kill()
+    stop_process_group(process)
     raise TimeoutError("server not ready")
 
 
@@ -91,8 +93,7 @@ def main() -> None:
         rows.append({"case": "same prefix, cached", "decode_tok_s": None, "ttft_ms": round(cached * 1e3, 1)})
         print(json.dumps(rows[-2:]), flush=True)
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        stop_process_group(process)
     lines = ["| case | decode tokens/s | median TTFT (ms) |", "|---|---|---|"]
     lines += [f"| {r['case']} | {r['decode_tok_s'] if r['decode_tok_s'] is not None else '-'} | {r['ttft_ms']} |"
               for r in rows]

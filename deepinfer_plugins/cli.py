@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +72,8 @@ def serve(args: argparse.Namespace, extra: list[str]) -> int:
         print(json.dumps({"error": f"unknown plugin {args.plugin!r}; this package provides 'deepinfer'"}),
               file=sys.stderr)
         return 2
-    return subprocess.call(serve_command(args.model, extra), env=serve_env(args.plugin or "deepinfer"))
+    command = serve_command(args.model, extra)
+    os.execvpe(command[0], command, serve_env(args.plugin or "deepinfer"))  # vLLM replaces us: signals reach it
 
 
 def wait_ready(base: str, process: subprocess.Popen, timeout: float) -> None:
@@ -109,7 +111,7 @@ def demo(args: argparse.Namespace) -> int:
     env = serve_env("deepinfer")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     print("starting:", " ".join(command[1:]), flush=True)
-    process = subprocess.Popen(command, env=env)
+    process = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         wait_ready(base, process, args.timeout)
         answer = chat(base, "deepseek-v4.1-tiny", args.prompt, args.max_tokens)
@@ -118,11 +120,19 @@ def demo(args: argparse.Namespace) -> int:
               "model, caches, prompt renderer and parsers.")
         return 0
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process_group(process)
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 60) -> None:
+    """Stop a server started with ``start_new_session=True`` and every worker it spawned."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,9 +6,10 @@ of owners (registered in ``static_forward_context`` so the runner finds them):
     token: [latent (head_dim), token id, position, padding]. The stored position lets every read check that the
     slot holds the token it should; the token ids give Engram its n-gram history;
   * one compressed cache per KV-source layer (``tokens_per_state = ratio``), a row per group of ``ratio``
-    tokens: [NVFP4 latent (head_dim), MXFP4 index key (index_head_dim)]. While a group is still open its row
-    holds the compressor inputs of its first tokens instead, so no state lives outside vLLM's memory and
-    prefix caching, chunked prefill and preemption (recompute) all work.
+    tokens: [NVFP4 latent (head_dim), MXFP4 index key (index_head_dim), compressor inputs (wkv, wgate) of the
+    group's first ratio - 1 tokens]. Those inputs are written as each token is processed, so a request can
+    resume at any position (prefix-cache hit, chunked prefill, recompute after preemption, or a speculative
+    step whose last tokens were rejected) and rebuild its open group from vLLM's memory alone.
 Rows are padded so every page is a whole multiple of the window page; vLLM can then put all caches in one
 pool. Values are stored dequantised in float32 (the reference precision, and exact for token ids and
 positions); the packed byte records of the GPU kernels are the kernel backends' business.
@@ -35,8 +36,8 @@ def window_width(args: ModelArgs) -> int:
 
 
 def compressed_width(args: ModelArgs, ratio: int) -> int:
-    """Row width of a compressed cache: fits an entry and an open group's inputs, page = k * window page."""
-    needed = max(args.head_dim + args.index_head_dim, 2 * (ratio - 1) * args.head_dim)
+    """Row width of a compressed cache: an entry plus its group's inputs, padded so page = k * window page."""
+    needed = args.head_dim + args.index_head_dim + 2 * (ratio - 1) * args.head_dim
     unit = ratio * window_width(args)
     return unit * math.ceil(needed / unit)
 
@@ -107,6 +108,12 @@ class CacheOwner(nn.Module, AttentionLayerBase):
         """The cache as [slots, width]; a view, so writes land in vLLM's memory."""
         return self.kv_cache.view(-1, self.width)
 
+    @property
+    def rows_per_block(self) -> int:
+        """Rows (tokens, or compressed states) per block of the bound tensor. vLLM may scale a group's block
+        size when it unifies page sizes, so this comes from the tensor, not from the cache config."""
+        return self.kv_cache.shape[-2]
+
 
 CACHE_DTYPE = torch.float32
 
@@ -147,16 +154,17 @@ class PagedRows:
 class PagedCompressedKV:
     """``CompressedKV`` over a paged compressed cache for one request and one forward chunk."""
 
-    def __init__(self, owner: CacheOwner, block_row: torch.Tensor, block_size: int, ratio: int,
-                 args: ModelArgs, start_pos: int, end_pos: int):
+    def __init__(self, owner: CacheOwner, block_row: torch.Tensor, ratio: int, args: ModelArgs, start_pos: int,
+                 end_pos: int):
         self.table, self.block_row, self.ratio = owner.rows(), block_row, ratio
-        self.states_per_block = block_size // ratio
+        self.states_per_block = owner.rows_per_block
         self.head_dim = args.head_dim
+        self.start_pos, self.end_pos = start_pos, end_pos
         self.first_entries, self.open_tokens = divmod(start_pos, ratio)
-        self.end_group, self.end_open = divmod(end_pos, ratio)
         self.latents = PagedRows(self, 0, args.head_dim)
         self.index_keys = PagedRows(self, args.head_dim, args.head_dim + args.index_head_dim)
-        self.pending_gate_offset = (ratio - 1) * args.head_dim
+        self.values_at = args.head_dim + args.index_head_dim
+        self.gates_at = self.values_at + (ratio - 1) * args.head_dim
 
     def slots(self, groups: torch.Tensor) -> torch.Tensor:
         blocks = self.block_row[groups // self.states_per_block].long()
@@ -166,37 +174,47 @@ class PagedCompressedKV:
     def num_entries(self) -> int:
         return self.latents.length
 
-    def _pending(self, offset: int, count: int) -> torch.Tensor:
-        if count == 0:
+    def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
+        """Store the compressor inputs of every token that opens or continues a group (all but each group's
+        last token) in its group's row, at ``(position % ratio) * head_dim``."""
+        positions = torch.arange(self.start_pos, self.end_pos)
+        keep = positions % self.ratio < self.ratio - 1
+        slots = self.slots(positions[keep] // self.ratio)
+        offsets = (positions[keep] % self.ratio) * self.head_dim
+        for offset in offsets.unique().tolist():
+            rows = keep.nonzero().flatten()[offsets == offset]
+            at = slots[offsets == offset]
+            self.table[at, self.values_at + offset: self.values_at + offset + self.head_dim] = values[rows].to(
+                self.table.dtype)
+            self.table[at, self.gates_at + offset: self.gates_at + offset + self.head_dim] = gates[rows].to(
+                self.table.dtype)
+
+    def _open_group(self, at: int) -> torch.Tensor:
+        if self.open_tokens == 0:
             return torch.zeros(0, self.head_dim)
         row = self.table[self.slots(torch.tensor([self.first_entries]))[0]]
-        return row[offset: offset + count * self.head_dim].float().view(count, self.head_dim)
+        return row[at: at + self.open_tokens * self.head_dim].float().view(self.open_tokens, self.head_dim)
 
-    def _store_pending(self, offset: int, values: torch.Tensor) -> None:
-        if values.shape[0] != self.end_open:
-            raise RuntimeError(f"compressor left {values.shape[0]} open tokens, expected {self.end_open}")
-        if values.shape[0]:
-            slot = self.slots(torch.tensor([self.end_group]))[0]
-            self.table[slot, offset: offset + values.numel()] = values.flatten().to(self.table.dtype)
-
-    def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
-        """Kept only by caches that roll back in place; vLLM's steps never roll a request back mid-step."""
+    def _check_open(self, inputs: torch.Tensor) -> None:
+        """The compressor hands back the open group's inputs; ``remember_inputs`` already stored them."""
+        if inputs.shape[0] != self.end_pos % self.ratio:
+            raise RuntimeError(f"compressor left {inputs.shape[0]} open tokens, expected {self.end_pos % self.ratio}")
 
     @property
     def pending_values(self) -> torch.Tensor:
-        return self._pending(0, self.open_tokens)
+        return self._open_group(self.values_at)
 
     @pending_values.setter
     def pending_values(self, values: torch.Tensor) -> None:
-        self._store_pending(0, values)
+        self._check_open(values)
 
     @property
     def pending_gates(self) -> torch.Tensor:
-        return self._pending(self.pending_gate_offset, self.open_tokens)
+        return self._open_group(self.gates_at)
 
     @pending_gates.setter
     def pending_gates(self, gates: torch.Tensor) -> None:
-        self._store_pending(self.pending_gate_offset, gates)
+        self._check_open(gates)
 
 
 class PagedSequenceState:
@@ -206,20 +224,20 @@ class PagedSequenceState:
     cache groups that share physical tensors, so a layer's rows are only found through its own table."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
-                 windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict, block_size: int):
+                 windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict):
         self.args, self.num_tokens, self.token_ids = args, start_pos, token_ids
-        self.windows, self.block_size = windows, block_size
+        self.windows = windows
         self.window_rows = [metadata[owner.layer_name].block_table[request] for owner in windows]
         end_pos = start_pos + token_ids.numel()
         self.sources = {
-            int(s): PagedCompressedKV(owner, metadata[owner.layer_name].block_table[request], block_size,
+            int(s): PagedCompressedKV(owner, metadata[owner.layer_name].block_table[request],
                                       args.layer_ratios[int(s)], args, start_pos, end_pos)
             for s, owner in compressed.items()
         }
 
     def _window_slots(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
-        row = self.window_rows[layer]
-        return row[positions // self.block_size].long() * self.block_size + positions % self.block_size
+        row, per_block = self.window_rows[layer], self.windows[layer].rows_per_block
+        return row[positions // per_block].long() * per_block + positions % per_block
 
     def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
         positions = torch.arange(first, end)

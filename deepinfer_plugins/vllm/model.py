@@ -38,7 +38,6 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         dtype = model_config.dtype
         param_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
         self.model = DeepseekV41Model(self.args, dtype=dtype, param_dtype=param_dtype)
-        self.block_size = vllm_config.cache_config.block_size
         self.window_caches, self.compressed_caches = make_cache_owners(self.args, vllm_config, prefix)
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
@@ -64,7 +63,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                 continue
             start_pos = int(positions[first])
             state = PagedSequenceState(self.args, request, start_pos, input_ids[first:last].cpu(),
-                                       self.window_caches, self.compressed_caches, metadata, self.block_size)
+                                       self.window_caches, self.compressed_caches, metadata)
             chunks.append(SequenceChunk(first, last - first, start_pos, state))
         if chunks:
             hidden[:n] = self.model.hidden_states(input_ids[:n], chunks)

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from deepinfer_plugins.cli import stop_process_group
 import pytest
 
 MODEL = "deepseek-v4.1-tiny"
@@ -43,7 +45,8 @@ def server(checkpoint):
                "--served-model-name", MODEL, "--max-num-batched-tokens", "512",
                "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
     log = LOG.open("w")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600
     while time.time() < deadline:
@@ -55,14 +58,10 @@ def server(checkpoint):
         except httpx.HTTPError:
             time.sleep(2)
     else:
-        process.kill()
+        stop_process_group(process)
         raise RuntimeError(f"vllm serve not ready after 600 s; log: {LOG}")
     yield base
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    stop_process_group(process)
     log.close()
 
 
