@@ -2,8 +2,8 @@
 
 Guarantees: with thinking off, every json_schema / json_object / regex-constrained answer of the random-weight
 model validates (jsonschema / json / re); the constraint is only enforced after the thinking block (a request
-with thinking on returns unconstrained reasoning); a repeated long prompt is served from the prefix cache, as
-vLLM's own /metrics counters show.
+with thinking on returns unconstrained reasoning); tool_choice required / named yields schema-valid calls; a
+repeated long prompt is served from the prefix cache (vLLM's /metrics counters) and decodes like the reference.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import re
 
 import httpx
 import jsonschema
+
+from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
 from .conftest import MODEL
 
@@ -57,14 +59,22 @@ def metric(server: str, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
-def test_repeated_long_prefix_is_served_from_the_prefix_cache(server, openai_client):
+def test_repeated_long_prefix_is_served_from_the_prefix_cache(server, openai_client, core_model):
+    """The second request resumes from cached blocks (window latents, compressed entries, open compressor
+    group, Engram history all come from vLLM's pages) and still decodes exactly like the reference."""
     prompt = "Agent instructions. " + " ".join(f"Rule {i}: keep going and be precise." for i in range(60))
     before = metric(server, "vllm:prefix_cache_hits_total")
+    outputs = []
     for _ in range(2):
-        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                              max_tokens=4, temperature=0, extra_body=OFF)
+        out = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                    max_tokens=8, temperature=0,
+                                                    extra_body={**OFF, "return_token_ids": True}).model_dump()
+        outputs.append((out["prompt_token_ids"], out["choices"][0]["token_ids"]))
     hits = metric(server, "vllm:prefix_cache_hits_total") - before
-    assert hits >= 256, f"expected the second request to reuse at least two 128-token blocks, got {hits} hits"
+    assert hits >= 256, f"expected the second request to reuse at least one 256-token block, got {hits} hits"
+    (prompt_ids, cold), (_, cached) = outputs
+    expected = generate(core_model, prompt_ids, SamplingParams(max_new_tokens=8, stop_token_ids=(1,)))
+    assert cold == cached == expected
 
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
