@@ -49,12 +49,21 @@ class Compressor(nn.Module):
             self.wgate = Linear(args.hidden_size, args.head_dim, dtype=torch.float32)
         self.norm = RMSNorm(args.head_dim, args.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, pending_values: torch.Tensor, pending_gates: torch.Tensor):
-        """x [n, d] new tokens -> (latents [groups, head_dim] unrotated, new pending values, new pending gates)."""
+    def token_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ratio > 1: the per-token inputs (wkv(x), wgate(x)) in fp32, each [n, head_dim]. Caches keep the last
+        few so that a rollback can restore the open group exactly (kv_cache.CompressedKV.rollback)."""
+        return self.wkv(x.float()), self.wgate(x.float())
+
+    def forward(self, x: torch.Tensor, pending_values: torch.Tensor, pending_gates: torch.Tensor,
+                inputs: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x [n, d] new tokens -> (latents [groups, head_dim] unrotated, new pending values, new pending gates).
+
+        ``inputs``: ``token_inputs(x)`` when the caller already has them."""
         if self.ratio == 1:
             return self.norm(self.wkv(x)), pending_values, pending_gates
-        values = torch.cat((pending_values, self.wkv(x.float())))
-        gates = torch.cat((pending_gates, self.wgate(x.float())))
+        new_values, new_gates = inputs if inputs is not None else self.token_inputs(x)
+        values = torch.cat((pending_values, new_values))
+        gates = torch.cat((pending_gates, new_gates))
         complete = values.shape[0] // self.ratio * self.ratio
         grouped_v = values[:complete].unflatten(0, (-1, self.ratio))  # [groups, ratio, head_dim]
         weights = gates[:complete].unflatten(0, (-1, self.ratio)).softmax(dim=1)
@@ -110,8 +119,11 @@ class Attention(nn.Module):
             raise RuntimeError(f"layer {self.layer_id}: compressor state covers "
                                f"{state.num_entries * self.ratio + state.pending_values.shape[0]} tokens but the "
                                f"chunk starts at position {chunk.start_pos}")
+        inputs = self.compressor.token_inputs(x) if self.ratio > 1 else None
+        if inputs is not None:
+            state.remember_inputs(*inputs)
         latents, state.pending_values, state.pending_gates = self.compressor(
-            x, state.pending_values, state.pending_gates)
+            x, state.pending_values, state.pending_gates, inputs)
         if latents.shape[0] == 0:
             return
         positions = (state.num_entries + torch.arange(latents.shape[0], device=x.device)) * self.ratio
@@ -137,9 +149,14 @@ class Attention(nn.Module):
                 slots = pool.shape[0] + torch.arange(selected.numel(), device=x.device).view_as(selected)
                 pool = torch.cat((pool, gathered.to(pool.dtype)))
                 indices = torch.cat((indices, torch.where(selected >= 0, slots, selected)), dim=1)
-            o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
-            outputs.append(self.rotate(o, query_pos, inverse=True))
+            outputs.append(self.attend(q, pool, indices, query_pos))
         return self.project_out(torch.cat(outputs))
+
+    def attend(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, query_pos: torch.Tensor):
+        """q [n, heads, head_dim] over pool rows ``indices`` [n, K] (-1 = none), with the sink, then the inverse
+        RoPE at the query positions -> [n, heads, head_dim] (``project_out`` finishes the sublayer)."""
+        o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
+        return self.rotate(o, query_pos, inverse=True)
 
     def window_keys(self, rows, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """Pool of window latents (cached context + this chunk) and each query's window rows in it [q, W]."""

@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from ... import ops
 from .args import ModelArgs, preset_config
-from .model import DeepseekV41Model
+from .model import DeepseekV41ForCausalLM
 
 SYSTEM_TOKEN = "<｜System｜>"
 SYSTEM_TOKEN_ID = 128798
@@ -56,9 +56,12 @@ def random_tensor(name: str, template: torch.Tensor, generator: torch.Generator)
 
 
 def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
-    """Every tensor of the model in its official storage format."""
+    """Every tensor of the model (and of its DSpark drafter, if the config has one) in its official storage format."""
     generator = torch.Generator().manual_seed(seed)
-    template = DeepseekV41Model(args, param_dtype=torch.bfloat16).state_dict()
+    # The DSpark draft stages (mtp.*) come after every backbone tensor, so the backbone's values do not depend
+    # on whether the preset has a drafter.
+    template = DeepseekV41ForCausalLM(args, param_dtype=torch.bfloat16,
+                                      with_drafter=args.num_nextn_predict_layers > 0).state_dict()
     state: dict[str, torch.Tensor] = {}
     for name, tensor in template.items():
         if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in template:

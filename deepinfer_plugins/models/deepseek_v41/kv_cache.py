@@ -7,6 +7,12 @@ A sequence owns four kinds of state (spec §5, §7):
   * the last ``engram_max_ngram_size - 1`` token ids for Engram's n-gram hashes.
 Engines keep the same state in their own paged memory; they implement the ``SequenceState`` methods over it
 (see deepinfer_plugins/vllm), so the model code is identical in both places.
+
+Speculative decoding runs the target over drafted tokens and then drops the rejected ones, so a cache built
+with ``max_rollback = R`` can forget its last R tokens exactly (``SequenceCache.rollback``): rings hold
+``sliding_window + R`` rows (the rejected rows must not overwrite the window the next token needs, as ATOM's
+128 + 5 rows), compressed states keep the per-token compressor inputs of their last R + ratio - 1 tokens (to
+rebuild the open group of a truncated state), and the Engram history keeps R more token ids.
 """
 
 from __future__ import annotations
@@ -65,6 +71,40 @@ class GrowingBuffer:
         return self.data[: self.length]
 
 
+class RollbackError(ValueError):
+    """A cache was asked to forget more tokens than it keeps the state for."""
+
+
+class WindowRing:
+    """The latents of the last ``size`` positions of one layer: slot = position % size, -1 marks an empty slot."""
+
+    def __init__(self, size: int, width: int, dtype: torch.dtype, device: torch.device | str, name: str):
+        self.size, self.name = size, name
+        self.rows = torch.zeros(size, width, dtype=dtype, device=device)
+        self.positions = torch.full((size,), -1, dtype=torch.long, device=device)
+
+    def read(self, first: int, end: int) -> torch.Tensor:
+        """Latents of positions [first, end) -> [end - first, width]."""
+        positions = torch.arange(first, end, device=self.positions.device)
+        slots = positions % self.size
+        if bool((self.positions[slots] != positions).any()):
+            raise RuntimeError(f"{self.name}: window cache does not hold positions {first}..{end - 1}")
+        return self.rows[slots]
+
+    def write(self, latents: torch.Tensor, start_pos: int) -> None:
+        """Store latents [n, width] of positions start_pos..; only the last ``size`` are kept."""
+        keep = min(latents.shape[0], self.size)
+        positions = torch.arange(start_pos + latents.shape[0] - keep, start_pos + latents.shape[0],
+                                 device=latents.device)
+        slots = positions % self.size
+        self.rows[slots] = latents[-keep:].to(self.rows.dtype)
+        self.positions[slots] = positions
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget positions >= num_tokens."""
+        self.positions.masked_fill_(self.positions >= num_tokens, -1)
+
+
 @dataclass
 class CompressedKV:
     """Shared compressed state of one KV-source layer: entries j cover tokens [j*ratio, (j+1)*ratio)."""
@@ -74,23 +114,68 @@ class CompressedKV:
     index_keys: GrowingBuffer  # [N, index_head_dim] MXFP4-quantised, rotated
     pending_values: torch.Tensor  # [tokens of the open group, head_dim] fp32 compressor inputs
     pending_gates: torch.Tensor
+    keep_inputs: int = 0  # per-token compressor inputs kept for rollback (ratio > 1 only)
+    recent_values: torch.Tensor | None = None  # [<= keep_inputs, head_dim] inputs of the last covered tokens
+    recent_gates: torch.Tensor | None = None
 
     @property
     def num_entries(self) -> int:
         return self.latents.length
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this state covers: complete groups plus the open group."""
+        return self.num_entries * self.ratio + self.pending_values.shape[0]
+
+    def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
+        """Keep the per-token compressor inputs of the last ``keep_inputs`` tokens (called before they are pooled)."""
+        if not self.keep_inputs:
+            return
+        if self.recent_values is None:
+            self.recent_values, self.recent_gates = values[:0], gates[:0]
+        self.recent_values = torch.cat((self.recent_values, values))[-self.keep_inputs:]
+        self.recent_gates = torch.cat((self.recent_gates, gates))[-self.keep_inputs:]
+
+    def rollback(self, num_tokens: int) -> None:
+        """Cover only tokens [0, num_tokens): drop later entries, rebuild the open group from the kept inputs."""
+        covered = self.num_tokens
+        if num_tokens == covered:
+            return
+        entries = num_tokens // self.ratio
+        open_start = entries * self.ratio
+        kept = 0 if self.recent_values is None else self.recent_values.shape[0]
+        tail_start = covered - kept  # first token whose inputs are kept
+        if num_tokens > open_start and open_start < tail_start:
+            raise RollbackError(f"compressed state (ratio {self.ratio}) covers {covered} tokens but keeps the "
+                                f"inputs of the last {kept} only; cannot roll back to {num_tokens}")
+        self.latents.truncate(entries)
+        self.index_keys.truncate(entries)
+        if self.recent_values is None:
+            self.pending_values, self.pending_gates = self.pending_values[:0], self.pending_gates[:0]
+            return
+        self.pending_values = self.recent_values[max(open_start - tail_start, 0): num_tokens - tail_start]
+        self.pending_gates = self.recent_gates[max(open_start - tail_start, 0): num_tokens - tail_start]
+        self.recent_values = self.recent_values[: max(num_tokens - tail_start, 0)]
+        self.recent_gates = self.recent_gates[: max(num_tokens - tail_start, 0)]
+
 
 class SequenceCache(SequenceState):
-    """In-memory state of one sequence (the reference for every engine adapter)."""
+    """In-memory state of one sequence (the reference for every engine adapter).
 
-    def __init__(self, args: ModelArgs, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    ``max_rollback``: how many of its last tokens ``rollback`` may forget (0 for plain decoding; the speculative
+    loop uses the block size, since a verify forward runs at most that many tokens past the anchor).
+    """
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 max_rollback: int = 0):
+        if max_rollback < 0:
+            raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
         self.args = args
         self.window = args.sliding_window
+        self.max_rollback = max_rollback
         self.num_tokens = 0
-        self.rings = {i: torch.zeros(self.window, args.head_dim, dtype=dtype, device=device)
+        self.rings = {i: WindowRing(self.window + max_rollback, args.head_dim, dtype, device, f"layer {i}")
                       for i in range(args.num_hidden_layers)}
-        self.ring_positions = {i: torch.full((self.window,), -1, dtype=torch.long, device=device)
-                               for i in range(args.num_hidden_layers)}
         self.sources = {
             s: CompressedKV(
                 ratio=args.layer_ratios[s],
@@ -98,36 +183,50 @@ class SequenceCache(SequenceState):
                 index_keys=GrowingBuffer(args.index_head_dim, dtype, device),
                 pending_values=torch.zeros(0, args.head_dim, device=device),
                 pending_gates=torch.zeros(0, args.head_dim, device=device),
+                keep_inputs=max_rollback + args.layer_ratios[s] - 1 if max_rollback and args.layer_ratios[s] > 1 else 0,
             )
             for s in args.kv_source_layer_ids
         }
-        self.history: list[int] = []
+        self.ngram_context = args.engram_max_ngram_size - 1
+        self.history: list[int] = []  # the last ngram_context + max_rollback token ids
 
     def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
-        positions = torch.arange(first, end, device=self.ring_positions[layer].device)
-        slots = positions % self.window
-        if bool((self.ring_positions[layer][slots] != positions).any()):
-            raise RuntimeError(f"layer {layer}: window cache does not hold positions {first}..{end - 1}")
-        return self.rings[layer][slots]
+        return self.rings[layer].read(first, end)
 
     def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
-        keep = min(latents.shape[0], self.window)
-        positions = torch.arange(start_pos + latents.shape[0] - keep, start_pos + latents.shape[0],
-                                 device=latents.device)
-        slots = positions % self.window
-        self.rings[layer][slots] = latents[-keep:].to(self.rings[layer].dtype)
-        self.ring_positions[layer][slots] = positions
+        self.rings[layer].write(latents, start_pos)
 
     def compressed(self, source_layer: int) -> CompressedKV:
         return self.sources[source_layer]
 
     def ngram_history(self) -> list[int]:
-        return self.history
+        return self.history[-self.ngram_context:] if self.ngram_context else []
 
     def advance(self, token_ids: torch.Tensor) -> None:
-        keep = self.args.engram_max_ngram_size - 1
+        keep = self.ngram_context + self.max_rollback
         self.history = (self.history + token_ids.tolist())[-keep:] if keep else []
         self.num_tokens += token_ids.numel()
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget every token at position >= num_tokens, as if only tokens [0, num_tokens) had been run.
+
+        Exact: decoding after a rollback gives the same logits as never having run the dropped tokens. At most
+        ``max_rollback`` tokens can be dropped (RollbackError otherwise).
+        """
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise RollbackError(f"rollback to {num_tokens} tokens: the cache holds {self.num_tokens}")
+        dropped = self.num_tokens - num_tokens
+        if dropped > self.max_rollback:
+            raise RollbackError(f"rollback of {dropped} tokens ({self.num_tokens} -> {num_tokens}) exceeds this "
+                                f"cache's max_rollback={self.max_rollback}; build it with a larger max_rollback")
+        if not dropped:
+            return
+        for ring in self.rings.values():
+            ring.rollback(num_tokens)
+        for state in self.sources.values():
+            state.rollback(num_tokens)
+        self.history = self.history[: len(self.history) - dropped]
+        self.num_tokens = num_tokens
 
 
 @dataclass

@@ -112,8 +112,35 @@ def load_state_dict_checked(path: Path, model: torch.nn.Module) -> dict[str, tor
     return state
 
 
-def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", **overrides):
-    """Build ``cls`` from ``path``/config.json and assign every checkpoint tensor (strict)."""
+def drafter_tensor_names(args: ModelArgs) -> list[str]:
+    """Names of every ``mtp.*`` tensor the config's DSpark drafter has (built on the meta device: no memory)."""
+    from ...dspark.drafter import DSparkDrafter
+
+    with torch.device("meta"):
+        drafter = DSparkDrafter(args)
+    return ["mtp." + name for name in drafter.state_dict()]
+
+
+def checkpoint_has_drafter(path: Path, args: ModelArgs) -> bool:
+    """True iff the checkpoint lists every tensor of the config's drafter. A partial set (some converters keep a
+    few ``mtp.*`` tensors) is logged and ignored: the backbone loads without a drafter."""
+    present = {name for name in shard_map(path) if name.startswith("mtp.")}
+    if not present or args.num_nextn_predict_layers < 1:
+        return False
+    missing = [name for name in drafter_tensor_names(args) if name not in present]
+    if missing:
+        logger.warning("checkpoint has %d mtp.* tensors but not the whole DSpark drafter (e.g. %r is missing); "
+                       "loading the target only", len(present), missing[0])
+    return not missing
+
+
+def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               with_drafter: bool | None = False, **overrides):
+    """Build ``cls`` from ``path``/config.json and assign every checkpoint tensor (strict).
+
+    ``with_drafter`` (only for classes that take it, DeepseekV41ForCausalLM): True builds the DSpark drafter and
+    requires its ``mtp.*`` tensors, None builds it iff the checkpoint holds all of them, False skips them.
+    """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint directory")
@@ -122,7 +149,12 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
     except ConfigError as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
     param_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    model = cls(args, dtype=dtype, param_dtype=param_dtype)  # parameters are uninitialised (torch.empty)
+    if with_drafter is None:
+        with_drafter = checkpoint_has_drafter(path, args)
+    if with_drafter and args.num_nextn_predict_layers < 1:
+        raise CheckpointError(f"{path / 'config.json'}: with_drafter=True but num_nextn_predict_layers is 0")
+    extra = {"with_drafter": True} if with_drafter else {}
+    model = cls(args, dtype=dtype, param_dtype=param_dtype, **extra)  # parameters are uninitialised (torch.empty)
     state = load_state_dict_checked(path, model)
     model.load_state_dict(state, strict=True, assign=True)
     model.to(device)

@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from ... import ops
-from .args import ModelArgs
+from .args import ConfigError, ModelArgs
 from .attention import Attention
 from .engram import Engram, EngramHasher
 from .kv_cache import SequenceCache, SequenceChunk
+from .linear import Linear
 from .moe import MoE
 from .norm import RMSNorm
 
@@ -106,11 +107,33 @@ class DeepseekV41Model(nn.Module):
                                   "vision tower, which DeepInfer does not implement yet")
 
     def forward_chunks(self, token_ids: torch.Tensor, chunks: list[SequenceChunk],
-                       bounded_replay: bool = False) -> torch.Tensor:
-        """Run new tokens of several sequences.
+                       bounded_replay: bool = False, capture_layers: tuple[int, ...] = ()) -> torch.Tensor:
+        """Run new tokens of several sequences -> fp32 logits (see ``hidden_states``)."""
+        return self.compute_logits(self.hidden_states(token_ids, chunks, bounded_replay, capture_layers))
 
-        token_ids [rows] is the concatenation of each chunk's tokens (chunk i at rows row_start..). Returns fp32
-        logits for every row, or, with ``bounded_replay``, for the last row of each chunk only.
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [rows, d] -> fp32 logits [rows, vocab] (the head runs in fp32)."""
+        head = getattr(self.head, "dense", None)
+        return torch.nn.functional.linear(hidden.float(), head if head is not None else self.head.weight.float())
+
+    def keep_dense_weights(self) -> "DeepseekV41Model":
+        """Dequantise every quantised projection once and keep the fp32 head: the CPU decode fast path.
+        Costs the dense size of every weight (see linear.py); results are unchanged."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.keep_dense(self.dtype)
+        self.head.dense = self.head.weight.float()
+        return self
+
+    def hidden_states(self, token_ids: torch.Tensor, chunks: list[SequenceChunk],
+                      bounded_replay: bool = False, capture_layers: tuple[int, ...] = ()) -> torch.Tensor:
+        """Run new tokens of several sequences -> final normed hidden states.
+
+        token_ids [rows] is the concatenation of each chunk's tokens (chunk i at rows row_start..). Returns
+        [rows, d] for every row, or, with ``bounded_replay``, for the last row of each chunk only. For each layer in
+        ``capture_layers`` the residual streams entering it are left in ``chunk.published["streams_in"][layer]``
+        ([rows of that chunk entering the layer, S, d]; the last rows of the chunk), which is how the DSpark
+        drafter receives the target's features without a second forward.
         """
         self.check_tokens(token_ids)
         engram_ids = torch.cat([self.hasher(token_ids[c.row_start: c.row_start + c.num_rows], c.state.ngram_history())
@@ -125,6 +148,9 @@ class DeepseekV41Model(nn.Module):
                 chunk.num_query_rows = plan[layer_id]
             query_rows = torch.cat([torch.arange(c.row_start + c.num_rows - c.num_query_rows, c.row_start + c.num_rows)
                                     for c in chunks]).to(x.device)
+            if layer_id in capture_layers:
+                for c in chunks:
+                    c.published.setdefault("streams_in", {})[layer_id] = streams[c.row_start: c.row_start + c.num_rows]
             streams, pre_mix = layer(streams, pre_mix, engram_ids, chunks, query_rows)
             if engram_ids is not None:
                 engram_ids = engram_ids[query_rows]
@@ -133,8 +159,7 @@ class DeepseekV41Model(nn.Module):
                 chunk.start_pos = chunk.first_query_pos
                 chunk.row_start, chunk.num_rows = row, chunk.num_query_rows
                 row += chunk.num_rows
-        h = self.norm(ops.hc_collapse(streams, pre_mix))
-        return torch.nn.functional.linear(h.float(), self.head.weight.float())
+        return self.norm(ops.hc_collapse(streams, pre_mix))
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceCache | None = None,
                 bounded_replay: bool = False) -> torch.Tensor:
@@ -157,11 +182,31 @@ class DeepseekV41Model(nn.Module):
 
 
 class DeepseekV41ForCausalLM(DeepseekV41Model):
-    """Entry point users and engines name: the text model plus checkpoint I/O (loader.py)."""
+    """Entry point users and engines name: the text model plus checkpoint I/O (loader.py), and optionally the
+    DSpark drafter stored with it as ``mtp.*`` (deepinfer_plugins/dspark/drafter.py), built with
+    ``with_drafter=True``. It shares ``embed`` and ``head`` with the target."""
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype = torch.float32, param_dtype: torch.dtype = torch.bfloat16,
+                 with_drafter: bool = False):
+        super().__init__(args, dtype, param_dtype)
+        if with_drafter:
+            if args.num_nextn_predict_layers < 1:
+                raise ConfigError("with_drafter=True but num_nextn_predict_layers is 0: the config describes no "
+                                  "DSpark draft stages")
+            from ...dspark.drafter import DSparkDrafter
+
+            self.mtp = DSparkDrafter(args, dtype, param_dtype)
+
+    @property
+    def drafter(self):
+        """The DSpark drafter (``mtp``), or None when the model was built without it."""
+        return self._modules.get("mtp")
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        **overrides) -> "DeepseekV41ForCausalLM":
+                        with_drafter: bool | None = None, **overrides) -> "DeepseekV41ForCausalLM":
+        """Load a checkpoint directory. ``with_drafter``: True builds and loads ``mtp.*`` (every draft tensor
+        must be there), False skips them, None (default) builds the drafter iff the checkpoint holds all of it."""
         from .loader import load_model
 
-        return load_model(cls, path, dtype=dtype, device=device, **overrides)
+        return load_model(cls, path, dtype=dtype, device=device, with_drafter=with_drafter, **overrides)
