@@ -13,6 +13,8 @@ The policies below are thin adapters: the decisions are made by ``length_policy`
 
 from __future__ import annotations
 
+import abc
+
 import time
 from dataclasses import asdict, dataclass
 
@@ -33,14 +35,15 @@ class Observation:
     accepted_if_full: np.ndarray  # [R]
 
 
-class Policy:
+class Policy(abc.ABC):
     name = "policy"
 
     def reset(self) -> None:
         """Forget history (called before every simulated run)."""
 
+    @abc.abstractmethod
     def plan(self, obs: Observation) -> np.ndarray:
-        raise NotImplementedError
+        """Verify lengths [R] for this step's requests."""
 
 
 class Fixed(Policy):
