@@ -166,7 +166,8 @@ class Attention(nn.Module):
         context = chunk.state.window_context(self.layer_id, first, first_key)
         chunk.state.write_window(self.layer_id, latents, first_key)
         pool = torch.cat((context.to(latents.dtype), latents))
-        wanted = query_pos[:, None] - self.window + 1 + torch.arange(self.window, device=rows.device)[None, :]
+        span = min(self.window, int(query_pos[-1]) - first + 1)  # the most keys any query of this chunk has
+        wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=rows.device)[None, :]
         indices = torch.where(wanted >= first, wanted - first, torch.full_like(wanted, -1))
         return pool, indices
 
