@@ -110,8 +110,10 @@ def demo(args: argparse.Namespace) -> int:
                                              "4096", "--served-model-name", "deepseek-v4.1-tiny"])
     env = serve_env("deepinfer")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    print("starting:", " ".join(command[1:]), flush=True)
-    process = subprocess.Popen(command, env=env, start_new_session=True)
+    log = directory.parent / "demo-server.log"
+    print("starting:", " ".join(command[1:]), f"(server log: {log})", flush=True)
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=log.open("w"),
+                               stderr=subprocess.STDOUT)
     try:
         wait_ready(base, process, args.timeout)
         answer = chat(base, "deepseek-v4.1-tiny", args.prompt, args.max_tokens)
