@@ -79,7 +79,14 @@ def make_dumps(float_repr):
     return dumps
 
 
-_C_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+try:  # the C encoder, called directly: skips JSONEncoder.encode's per-call Python setup
+    from _json import make_encoder as _c_make_encoder  # type: ignore
+
+    def _C_ENCODE(o, _d=_ENCODER.default, _s=_STR, _mk=_c_make_encoder, _j="".join) -> str:
+        return _j(_mk({}, _d, _s, None, ": ", ", ", False, False, False)(o, 0))
+except ImportError:  # pragma: no cover
+    _C_ENCODE = _ENCODER.encode
 
 
 def _accelerated(py_dumps, v4: bool):
@@ -99,6 +106,8 @@ def _accelerated(py_dumps, v4: bool):
             if v4 and ("e-" in s or "e+" in s):
                 return py_dumps(o)
             return s
+        if t is int:
+            return int.__repr__(o)
         return py_dumps(o)
 
     return dumps
@@ -107,7 +116,37 @@ def _accelerated(py_dumps, v4: bool):
 dumps_v4 = _accelerated(make_dumps(float_v4), True)
 dumps_v41 = _accelerated(make_dumps(float_v41), False)
 
+_NAMED_SEP = '}, {"name": '
+
+
+def dumps_named_lines(objs: list, v4: bool) -> str:
+    """`"\\n".join(dumps(o) for o in objs)` for dicts whose first key is "name" (tool schemas),
+    with one encoder call: the list is encoded whole and its element boundaries
+    (`}, {"name": `, a spelling only structure can produce since quotes inside strings are
+    escaped) are turned into newlines when exactly the len-1 boundaries are found."""
+    dumps = dumps_v4 if v4 else dumps_v41
+    if len(objs) > 1:
+        try:
+            s = _C_ENCODE(objs)
+        except (ValueError, TypeError):
+            s = None
+        if s is not None and not (v4 and ("e-" in s or "e+" in s)) \
+                and s.count(_NAMED_SEP) == len(objs) - 1:
+            return s[1:-1].replace(_NAMED_SEP, '}\n{"name": ')
+    return "\n".join([dumps(o) for o in objs])
+
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+try:
+    def _compact_c(o, _d=_COMPACT.default, _s=_STR, _mk=_c_make_encoder, _j="".join) -> str:
+        return _j(_mk({}, _d, _s, None, ":", ",", False, False, True)(o, 0))
+except NameError:  # pragma: no cover
+    _compact_c = _COMPACT.encode
+
 
 def compact(o) -> str:
     """Compact JSON (`,` / `:`), non-ASCII unescaped: the form used in output constraints."""
+    t = type(o)
+    if t is dict or t is list:
+        return _compact_c(o)
     return json.dumps(o, ensure_ascii=False, separators=(",", ":"))

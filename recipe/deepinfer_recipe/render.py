@@ -5,11 +5,13 @@ segments with a flag saying which ones are template special tokens (needed for e
 """
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .conversation import Conversation, ImageSource, ModelVersion
-from .jsonfmt import dumps_v4, dumps_v41
+from .jsonfmt import dumps_named_lines, dumps_v4, dumps_v41
 from .tokens import DEFAULT_SPECIAL_TOKENS, SpecialTokens
 
 EFFORT_V4 = {
@@ -123,10 +125,10 @@ class _Writer:
 
     def grounded(self, t: str) -> None:
         """Assistant text: grounding tokens typed in it are promoted to special tokens."""
-        if "<｜" not in t and not any(g in t for g in self.st.grounding):
+        gs = _info(self.st).grounding
+        if "<｜" not in t and not any(g in t for g in gs):
             self.text(t)
             return
-        gs = self.st.grounding
         i = 0
         n = len(t)
         start = 0
@@ -152,27 +154,58 @@ class _Style:
         self.invoke = " invoke" if v41 else "invoke"
         self.param = " parameter" if v41 else "parameter"
         self.dumps = dumps_v41 if v41 else dumps_v4
+        # DSML block pieces
+        self.next_sep = "\n<" if v41 else "<"  # before a second call / parameter
+        self.par_open = self.param + ' name="'
+        self.par_close = self.param + ">" if v41 else self.param + ">\n"
+        self.end_tag = "\n</" if v41 else "</"
+        self.inv_close = self.invoke + ">" if v41 else self.invoke + ">\n"
+        self.calls_open = self.calls + ">\n"
+        self.calls_close = self.calls + ">"
 
 
 _STYLE_V4 = _Style(False)
 _STYLE_V41 = _Style(True)
 
 
+class _StInfo:
+    """What the renderer derives from one SpecialTokens value (computed once, cached)."""
+
+    __slots__ = ("st", "grounding", "plain_ok", "tool_prompt")
+
+    def __init__(self, st: SpecialTokens):
+        self.st = st
+        self.grounding = st.grounding
+        # True when text without "<｜" cannot hold a grounding token (the default spellings)
+        self.plain_ok = all("<｜" in g for g in self.grounding)
+        self.tool_prompt: dict = {}
+
+
+_INFO: dict = {}
+
+
+def _info(st: SpecialTokens) -> _StInfo:
+    i = _INFO.get(id(st))
+    if i is None or i.st is not st:
+        if len(_INFO) > 64:
+            _INFO.clear()
+        i = _INFO[id(st)] = _StInfo(st)
+    return i
+
+
 def _tool_prompt(w: _Writer, tools: list, style: _Style) -> None:
     st = w.st
-    dumps = style.dumps
-    schemas = "\n".join(
-        dumps({"name": t.name, "description": t.description or "",
-               "parameters": t.parameters if t.parameters is not None else {}})
-        for t in tools if not t.defer_loading)
-    key = (id(st), style.v41)
-    pieces = _TOOL_PROMPT_CACHE.get(key)
+    schemas = dumps_named_lines(
+        [{"name": t.name, "description": t.description or "",
+          "parameters": t.parameters if t.parameters is not None else {}}
+         for t in tools if not t.defer_loading], not style.v41)
+    cache = _info(st).tool_prompt
+    pieces = cache.get(style.v41)
     if pieces is None:
         tmpl = _TOOL_PROMPT.replace("{calls}", style.calls).replace("{invoke}", style.invoke) \
             .replace("{param}", style.param)
         pieces = []
         # split on the three markers
-        import re
         for tok in re.split(r"(\{D\}|\{T\}|\{/T\}|\{schemas\})", tmpl):
             if tok == "{D}":
                 pieces.append((st.dsml, True))
@@ -184,7 +217,7 @@ def _tool_prompt(w: _Writer, tools: list, style: _Style) -> None:
                 pieces.append((None, False))
             elif tok:
                 pieces.append((tok, False))
-        _TOOL_PROMPT_CACHE[key] = pieces
+        cache[style.v41] = pieces
     for t, s in pieces:
         if t is None:
             w.text(schemas)
@@ -194,80 +227,54 @@ def _tool_prompt(w: _Writer, tools: list, style: _Style) -> None:
             w.text(t)
 
 
-_TOOL_PROMPT_CACHE: dict = {}
-
-
 def _updated_tools(w: _Writer, tools: list, style: _Style) -> None:
     """V4.1: a system message carrying tools appends their schemas (deferred tools included,
     missing parameters written as null)."""
-    w.text("\n\n### Updated Tool Schemas\n\n" + "\n".join(
-        style.dumps({"name": t.name, "description": t.description or "",
-                     "parameters": t.parameters}) for t in tools))
+    w.text("\n\n### Updated Tool Schemas\n\n" + dumps_named_lines(
+        [{"name": t.name, "description": t.description or "", "parameters": t.parameters}
+         for t in tools], not style.v41))
 
 
 def _dsml_block(w: _Writer, calls: list, style: _Style) -> None:
-    """`\\n\\n<DSML calls>...</DSML calls>` for the tool calls of one assistant message."""
+    """`\\n\\n<DSML calls>...</DSML calls>` for the tool calls of one assistant message.
+
+    Plain text and the DSML token alternate strictly, so the plain pieces between two DSML
+    tokens are written as one segment."""
     D = w.st.dsml
     dumps = style.dumps
-    v41 = style.v41
-    inv, par = style.invoke, style.param
-    segs: list = ["\n\n<", D, style.calls + ">\n"]
-    spec: list = [False, True, False]
-    sa, pa = segs.append, spec.append
-    for ci, c in enumerate(calls):
-        sa(("\n<" if v41 and ci else "<"))
-        pa(False)
-        sa(D)
-        pa(True)
-        sa(f'{inv} name="{c.name}">\n')
-        pa(False)
-        for pi, (k, v) in enumerate(_arguments(c.arguments)):
-            is_str = v.__class__ is str
-            head = "\n<" if v41 and pi else "<"
-            segs += (head, D, f'{par} name="{k}" string="{"true" if is_str else "false"}">'
-                     + (v if is_str else dumps(v)) + "</", D, par + ">" if v41 else par + ">\n")
-            spec += (False, True, False, True, False)
-        segs += ("\n</" if v41 else "</", D, inv + ">" if v41 else inv + ">\n")
-        spec += (False, True, False)
-    segs += ("\n</" if v41 else "</", D, style.calls + ">")
-    spec += (False, True, False)
-    w.segs += segs
-    w.spec += spec
+    nxt = style.next_sep
+    par_open, par_close, end_tag = style.par_open, style.par_close, style.end_tag
+    out: list = ["\n\n<", D]
+    cur = style.calls_open
+    sep = "<"
+    for c in calls:
+        out += (cur + sep, D)
+        sep = nxt
+        cur = f'{style.invoke} name="{c.name}">\n'
+        text = c.arguments
+        try:
+            obj = _loads(text)
+        except (ValueError, TypeError):
+            obj = None
+        psep = "<"
+        for k, v in (obj.items() if obj.__class__ is dict else (("arguments", text),)):
+            out += (cur + psep, D)
+            psep = nxt
+            if v.__class__ is str:
+                out += (par_open + k + '" string="true">' + v + "</", D)
+            else:
+                out += (par_open + k + '" string="false">' + dumps(v) + "</", D)
+            cur = par_close
+        out += (cur + end_tag, D)
+        cur = style.inv_close
+    out += (cur + end_tag, D, style.calls_close)
+    w.segs += out
+    w.spec += _FT * (len(out) >> 1)
+    w.spec.append(False)
 
 
-def _arguments(text: str) -> list:
-    import json
-
-    try:
-        obj = json.loads(text)
-    except (ValueError, TypeError):
-        return [("arguments", text)]
-    if obj.__class__ is not dict:
-        return [("arguments", text)]
-    return list(obj.items())
-
-
-def _assistant(w: _Writer, m, think_part: bool, style: _Style, last_prefix: bool) -> None:
-    st = w.st
-    w.special(st.assistant)
-    if think_part:
-        w.special(st.thinking_start)
-        if m.reasoning_content:
-            w.grounded(m.reasoning_content)
-        if last_prefix and not m.content and not m.tool_calls:
-            return
-        w.special(st.thinking_end)
-    else:
-        w.special(st.thinking_end)
-    for p in m.parts:
-        if p.__class__ is str:
-            w.grounded(p)
-        else:  # an image typed into assistant content stays a placeholder spelling in plain text
-            w.text(st.image)
-    if m.tool_calls:
-        _dsml_block(w, m.tool_calls, style)
-    if not last_prefix:
-        w.special(st.eos)
+_FT = [False, True]
+_loads = json.loads
 
 
 def _tool_result_parts(m) -> list:
@@ -310,12 +317,12 @@ def _order_v41(msgs: list) -> list:
     while i < n:
         m = out[i]
         if m.role == "assistant" and m.tool_calls:
-            order = {c.id: j for j, c in enumerate(m.tool_calls)}
             j = i + 1
             while j < n and out[j].role in ("user", "tool"):
                 j += 1
-            run = out[i + 1:j]
-            if len(run) > 1:
+            if j - i > 2:
+                run = out[i + 1:j]
+                order = {c.id: k for k, c in enumerate(m.tool_calls)}
                 big = len(order) + 1
                 run.sort(key=lambda x: order.get(x.tool_call_id, -1) if x.role == "tool" else big)
                 out[i + 1:j] = run
@@ -412,33 +419,84 @@ def _render_v41(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
 def _render_turns(w: _Writer, body: list, thinking: bool, keep_reasoning: bool, style: _Style,
                   v41: bool, first_index: int = 0, required: bool = False) -> None:
     st = w.st
+    info = _info(st)
+    plain_ok = info.plain_ok
+    segs, spec = w.segs, w.spec
+    sa, pa = segs.append, spec.append
+    USER, ASSISTANT, EOS = st.user, st.assistant, st.eos
+    T_START, T_END = st.thinking_start, st.thinking_end
     prev = None
     run_empty = True
     last = len(body) - 1
     for idx, m in enumerate(body):
         role = m.role
-        if role == "user" or role == "tool":
-            parts = _tool_result_parts(m) if role == "tool" else m.parts
-            empty = not any(parts)
+        if role == "tool" or role == "user":
+            parts = m.parts
+            if role == "tool":
+                empty = False
+            else:
+                empty = not any(parts)
             if prev == "user" or prev == "tool":
                 # consecutive user/tool messages: one turn, non-empty texts joined by a blank line
                 if empty:
                     continue
                 if not run_empty:
-                    w.text("\n\n")
+                    sa("\n\n")
+                    pa(False)
             else:
-                w.special(st.user)
+                sa(USER)
+                pa(True)
             run_empty = empty
-            w.parts(parts)
+            if role == "tool":
+                if len(parts) == 1 and parts[0].__class__ is str:
+                    sa("<tool_result>" + parts[0] + "</tool_result>")
+                    pa(False)
+                else:
+                    w.parts(_tool_result_parts(m))
+            elif len(parts) == 1 and parts[0].__class__ is str:
+                if parts[0]:
+                    sa(parts[0])
+                    pa(False)
+            else:
+                w.parts(parts)
         elif role == "assistant":
             is_prefix = m.prefix and idx == last
             if is_prefix:
                 think_part = thinking
             else:
                 think_part = thinking and keep_reasoning and not (v41 and idx + first_index == 0)
-            _assistant(w, m, think_part, style, is_prefix)
+            sa(ASSISTANT)
+            pa(True)
+            if think_part:
+                sa(T_START)
+                pa(True)
+                rc = m.reasoning_content
+                if rc:
+                    if plain_ok and "<｜" not in rc:
+                        sa(rc)
+                        pa(False)
+                    else:
+                        w.grounded(rc)
+                if is_prefix and not m.content and not m.tool_calls:
+                    return
+            sa(T_END)
+            pa(True)
+            for p in m.parts:
+                if p.__class__ is str:
+                    if p:
+                        if plain_ok and "<｜" not in p:
+                            sa(p)
+                            pa(False)
+                        else:
+                            w.grounded(p)
+                else:  # an image typed into assistant content stays a placeholder spelling
+                    w.text(st.image)
+            if m.tool_calls:
+                _dsml_block(w, m.tool_calls, style)
             if is_prefix:
                 return
+            sa(EOS)
+            pa(True)
         elif role == "latest_reminder":
             if v41 and prev == "latest_reminder":
                 continue

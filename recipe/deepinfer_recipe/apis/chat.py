@@ -1,11 +1,13 @@
 """OpenAI Chat Completions: request models and conversion to a Conversation."""
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from ..conversation import Conversation, ImageSource, Message, ToolCall, join_parts
+from ..conversation import (Conversation, ImageSource, Message, ToolCall, ToolDefinition,
+                            join_parts)
 from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
@@ -162,6 +164,15 @@ def _parts(content, path: str) -> list:
 
 
 def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
+    if isinstance(body, (str, bytes, bytearray)):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            pass  # `validate` reports it
+    if body.__class__ is dict:
+        out = _fast_convert(body, opts)
+        if out is not None:
+            return out
     req: ChatCompletionRequest = body if isinstance(body, ChatCompletionRequest) else \
         validate(ChatCompletionRequest, body)
     version = resolve_model(req.model, opts)
@@ -251,11 +262,23 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     elif rf is not None and rf.type == "json_schema":
         fmt = "json_schema"
         schema = rf.json_schema.schema_ if rf.json_schema else None
+    last_prefix = src[-1].role == "assistant" and src[-1].prefix
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return _finish(req.model, version, msgs, thinking, tools, tool_choice, effort, fmt, schema,
+                   last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
+                   req.top_logprobs, req.seed, stop, req.stream,
+                   bool(req.stream_options and req.stream_options.include_usage), opts)
+
+
+def _finish(model, version, msgs, thinking, tools, tool_choice, effort, fmt, schema, last_prefix,
+            max_tokens, temperature, top_p, logprobs, top_logprobs, seed, stop, stream,
+            include_usage, opts) -> ConvertedRequest:
+    """The checks and results that follow building the messages (both conversion paths)."""
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
-    if src[-1].role == "assistant" and src[-1].prefix:
+    if last_prefix:
         if fmt == "json_object":
             raise ConversionError("response_format json_object should not be used with prefix",
                                   param="response_format")
@@ -264,13 +287,230 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     _check_reasoning(conv, opts)
 
     rendered_tools = bool(tools) and tool_choice != "none"
-    temperature, top_p = sampling(version, thinking, rendered_tools, req.temperature, req.top_p)
-    inf = InferenceOptions(max_tokens, temperature, top_p, bool(req.logprobs), req.top_logprobs,
-                           req.seed, output_constraint(conv))
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    temperature, top_p = sampling(version, thinking, rendered_tools, temperature, top_p)
+    inf = InferenceOptions(max_tokens, temperature, top_p, bool(logprobs), top_logprobs,
+                           seed, output_constraint(conv))
     parsing = make_parsing(conv, rendered_tools, stop, opts)
-    return ConvertedRequest("chat", req.model, version, conv, inf, parsing, bool(req.stream),
-                            bool(req.stream_options and req.stream_options.include_usage))
+    return ConvertedRequest("chat", model, version, conv, inf, parsing, bool(stream),
+                            include_usage)
+
+
+_OPT_INT = ("n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed")
+_OPT_BOOL = ("logprobs", "stream")
+_OPT_FLOAT = ("temperature", "top_p")
+_THINKING_TYPES = frozenset(("enabled", "disabled", "adaptive"))
+_EFFORTS = frozenset(("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"))
+_TOOL_CHOICES = frozenset(("none", "auto", "required"))
+_MSG_ROLES = frozenset(("system", "user", "assistant", "tool", "latest_reminder"))
+
+
+def _fast_text(content):
+    """Message content -> parts for the plain shapes (a string, or a list of text parts);
+    None for anything else (images, wrong types...)."""
+    if content.__class__ is str:
+        return [content]
+    if content.__class__ is not list:
+        return None
+    out: list = []
+    for p in content:
+        if p.__class__ is not dict or p.get("type") != "text":
+            return None
+        t = p.get("text")
+        if t.__class__ is not str:
+            return None
+        if out:
+            out.append("\n\n")
+        out.append(t)
+    return out
+
+
+def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequest]:
+    """The common, valid request shape converted straight from the dict, without building
+    the request models. Returns None whenever anything is unusual (an image, a named tool
+    choice, a response format, a value of another type than the plain JSON one, any error):
+    the model-based path then handles the request, so results and error messages are the same."""
+    g = body.get
+    model = g("model")
+    src = g("messages")
+    if model.__class__ is not str or src.__class__ is not list or not src:
+        return None
+    for k in _OPT_INT:
+        v = g(k)
+        if v is not None and v.__class__ is not int:
+            return None
+    for k in _OPT_BOOL:
+        v = g(k)
+        if v is not None and v.__class__ is not bool:
+            return None
+    for k in _OPT_FLOAT:
+        v = g(k)
+        if v is not None and v.__class__ is not float:
+            return None
+    if g("response_format") is not None:
+        return None
+    stop = g("stop")
+    if stop is None:
+        stop = []
+    elif stop.__class__ is str:
+        stop = [stop]
+    elif stop.__class__ is list:
+        for x in stop:
+            if x.__class__ is not str:
+                return None
+        stop = list(stop)
+    else:
+        return None
+    include_usage = False
+    so = g("stream_options")
+    if so is not None:
+        if so.__class__ is not dict:
+            return None
+        include_usage = so.get("include_usage", False)
+        if include_usage.__class__ is not bool:
+            return None
+    th = g("thinking")
+    if th is not None:
+        if th.__class__ is not dict:
+            return None
+        th = th.get("type")
+        if th.__class__ is not str or th not in _THINKING_TYPES:
+            return None
+    effort = g("reasoning_effort")
+    if effort is not None and (effort.__class__ is not str or effort not in _EFFORTS):
+        return None
+    tool_choice = g("tool_choice")
+    if tool_choice is None:
+        tool_choice = "auto"
+    elif tool_choice.__class__ is not str or tool_choice not in _TOOL_CHOICES:
+        return None
+
+    tools = []
+    raw_tools = g("tools")
+    if raw_tools is not None:
+        if raw_tools.__class__ is not list:
+            return None
+        strict_kinds = set()
+        for t in raw_tools:
+            if t.__class__ is not dict or t.get("type", "function") != "function":
+                return None
+            f = t.get("function")
+            defer = t.get("defer_loading", False)
+            if f.__class__ is not dict or defer.__class__ is not bool:
+                return None
+            name = f.get("name")
+            desc = f.get("description")
+            params = f.get("parameters")
+            strict = f.get("strict")
+            if name.__class__ is not str or (desc is not None and desc.__class__ is not str) \
+                    or (strict is not None and strict.__class__ is not bool):
+                return None
+            if params is not None:
+                if params.__class__ is not dict:
+                    return None
+                for k in params:
+                    if k.__class__ is not str:
+                        return None
+                params = dict(params)
+            strict_kinds.add(bool(strict))
+            tools.append(ToolDefinition(name, desc, params, strict, defer))
+        if len(strict_kinds) > 1:
+            return None
+
+    # resolve and range checks (any failure: the model-based path raises the error)
+    version = opts.model_versions_by_name.get(model)
+    if version is None:
+        return None
+    n = g("n")
+    if n is not None and n > 1:
+        return None
+    thinking, effort = resolve_thinking(th, effort, opts)
+    max_tokens = g("max_tokens")
+    if max_tokens is None:
+        max_tokens = g("max_completion_tokens")
+    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
+    if max_tokens is not None and not (1 <= max_tokens <= bound):
+        return None
+    logprobs = g("logprobs")
+    top_logprobs = g("top_logprobs")
+    if top_logprobs is not None and not logprobs:
+        return None
+
+    msgs = []
+    last = len(src) - 1
+    open_ids = None  # ids of the calls the current run of tool messages answers
+    need = None  # ids of those not answered yet
+    last_prefix = False
+    for i, m in enumerate(src):
+        if m.__class__ is not dict:
+            return None
+        role = m.get("role")
+        if role == "tool":
+            tcid = m.get("tool_call_id")
+            if tcid.__class__ is not str or open_ids is None or tcid not in open_ids:
+                return None
+            parts = _fast_text(m.get("content"))
+            if parts is None:
+                return None
+            need.discard(tcid)
+            msgs.append(Message("tool", parts, None, None, tcid))
+            continue
+        if need:
+            return None  # insufficient tool messages after an assistant's tool_calls
+        if role == "assistant":
+            content = m.get("content")
+            if content is None:
+                parts = []
+            else:
+                parts = _fast_text(content)
+                if parts is None:
+                    return None
+            rc = m.get("reasoning_content")
+            prefix = m.get("prefix", False)
+            if (rc is not None and rc.__class__ is not str) or prefix.__class__ is not bool:
+                return None
+            if prefix:
+                if i != last:
+                    return None
+                last_prefix = True
+            raw_calls = m.get("tool_calls")
+            calls = None
+            open_ids = need = None
+            if raw_calls is not None:
+                if raw_calls.__class__ is not list:
+                    return None
+                if raw_calls:
+                    calls = []
+                    for c in raw_calls:
+                        if c.__class__ is not dict or c.get("type", "function") != "function":
+                            return None
+                        cid = c.get("id")
+                        f = c.get("function")
+                        if cid.__class__ is not str or f.__class__ is not dict:
+                            return None
+                        name = f.get("name")
+                        args = f.get("arguments", "")
+                        if name.__class__ is not str or args.__class__ is not str:
+                            return None
+                        calls.append(ToolCall(cid, name, args))
+                    open_ids = {c.id for c in calls}
+                    need = set(open_ids)
+            msgs.append(Message("assistant", parts, rc, calls, None, prefix))
+            continue
+        open_ids = None
+        if role.__class__ is not str or role not in _MSG_ROLES:
+            return None
+        parts = _fast_text(m.get("content"))
+        if parts is None:
+            return None
+        if role == "system":
+            if not parts or parts == [""]:
+                continue
+        msgs.append(Message(role, parts))
+    if need:
+        return None
+    return _finish(model, version, msgs, thinking, tools, tool_choice, effort, "text", None,
+                   last_prefix, max_tokens, g("temperature"), g("top_p"), logprobs, top_logprobs,
+                   g("seed"), stop, g("stream"), include_usage, opts)
 
 
 def _check_reasoning(conv: Conversation, opts: ConversionOptions) -> None:
