@@ -8,6 +8,9 @@ ENVIRONMENT = {
     "DEEPINFER_KEEP_UPSTREAM_V41": "0 (default): our model serves the architecture 'DeepseekV41ForCausalLM'; "
                                    "1: leave that name to vLLM's own class (ours stays under "
                                    "'DeepInferDeepseekV41ForCausalLM').",
+    "DEEPINFER_DSPARK_COST_TABLE": "unset (default): the vLLM DSpark proposer drafts num_speculative_tokens for "
+                                   "every request; a JSON file {\"tokens\": [...], \"ms\": [...]} of verify-step "
+                                   "costs switches it to plan_verify_lengths (Algorithm A).",
     "DEEPINFER_KEEP_DENSE_WEIGHTS": "1 (default): the vLLM adapter dequantises FP8/FP4 weights once after loading "
                                     "(fast CPU decode, dense-size memory); 0: dequantise per use (checkpoint-size "
                                     "memory).",
@@ -35,3 +38,7 @@ def keep_upstream_sglang() -> bool:
 
 def keep_dense_weights() -> bool:
     return _flag("DEEPINFER_KEEP_DENSE_WEIGHTS", default="1")
+
+
+def dspark_cost_table_path() -> str | None:
+    return os.environ.get("DEEPINFER_DSPARK_COST_TABLE") or None

@@ -269,3 +269,74 @@ class PagedSequenceState:
 
     def advance(self, token_ids: torch.Tensor) -> None:
         """Nothing to do: every piece of state was written into vLLM's pages during the forward."""
+
+
+# ---- DSpark draft context (deepinfer_plugins/vllm/spec_decode.py) ---------------------------------------------------
+DSPARK_POSITION_COLUMNS = 1  # the stored position, checked on every read
+
+
+def dspark_feature_layout(args: ModelArgs, block_size: int) -> tuple[int, int]:
+    """(row width, block size) of the DSpark context cache: one row per token holding every draft stage's context
+    key of that position ([num_stages * head_dim], see ``PagedDraftContext``) and the position.
+
+    The page must stay a whole multiple of, or a divisor of, every other cache's page so vLLM can put all caches in
+    one pool. Pages of the other caches are ``block_size * f * window_width`` for f = 1 (window) and
+    f = compressed_width / (ratio * window_width) (compressed). The row is padded to a power-of-two number of window
+    widths; when that exceeds the largest f, the block holds proportionally fewer tokens so the page equals the
+    largest page and no other group has to grow its blocks (prefix-cache granularity stays as it was)."""
+    unit = window_width(args)
+    needed = args.num_nextn_predict_layers * args.head_dim + DSPARK_POSITION_COLUMNS
+    factor = 1 << max(0, math.ceil(needed / unit) - 1).bit_length()
+    largest = max([1] + [compressed_width(args, r) // (r * unit) for r in set(args.layer_ratios) if r > 1])
+    if factor <= largest:
+        return largest * unit, block_size
+    if (block_size * largest) % factor == 0:
+        return factor * unit, block_size * largest // factor
+    return factor * unit, block_size
+
+
+def make_dspark_feature_owner(args: ModelArgs, vllm_config, prefix: str, num_speculative_tokens: int) -> CacheOwner:
+    """The cache owner of the DSpark draft context. A sliding window of ``sliding_window + k + 1`` positions: a
+    draft at anchor position p reads positions [p - sliding_window, p), and p is at most k + 1 past the position
+    vLLM last freed blocks for. Named after the first draft layer id (names need exactly one integer)."""
+    width, block = dspark_feature_layout(args, vllm_config.cache_config.block_size)
+    spec = SlidingWindowMLASpec(block_size=block, num_kv_heads=1, head_size=width, dtype=CACHE_DTYPE,
+                                sliding_window=args.sliding_window + num_speculative_tokens + 1)
+    return CacheOwner(f"{prefix}layers.{args.num_hidden_layers}.dspark_context", spec, vllm_config)
+
+
+class PagedDraftContext:
+    """The ``DraftState`` face the drafter's attention reads (``num_tokens``, ``context_keys``) over the paged DSpark
+    context cache of one request: keys of positions < anchor position, read from vLLM's memory, nothing kept."""
+
+    def __init__(self, args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, anchor_pos: int):
+        self.args, self.owner, self.block_row = args, owner, block_row
+        self.num_tokens, self.window = anchor_pos, args.sliding_window
+        first = max(0, anchor_pos - self.window)
+        positions = torch.arange(first, anchor_pos)
+        per_block = owner.rows_per_block
+        slots = self.block_row[positions // per_block].long() * per_block + positions % per_block
+        rows = owner.rows()[slots]
+        stages, d = args.num_nextn_predict_layers, args.head_dim
+        stored = rows[:, stages * d].long()
+        if not torch.equal(stored, positions):
+            raise RuntimeError(f"DSpark context cache does not hold positions {first}..{anchor_pos - 1} "
+                               f"(found {stored.tolist()})")
+        self.keys = rows[:, : stages * d].view(-1, stages, d)
+
+    def context_keys(self, stage: int, end: int) -> torch.Tensor:
+        if end != self.num_tokens:
+            raise ValueError(f"draft context read up to {end}, built for anchor position {self.num_tokens}")
+        return self.keys[:, stage]
+
+
+def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, keys: torch.Tensor,
+                         start_pos: int) -> None:
+    """Store keys [n, num_stages, head_dim] of positions start_pos.. of one request (and the positions)."""
+    n, stages, d = keys.shape
+    positions = torch.arange(start_pos, start_pos + n)
+    per_block = owner.rows_per_block
+    slots = block_row[positions // per_block].long() * per_block + positions % per_block
+    table = owner.rows()
+    table[slots, : stages * d] = keys.reshape(n, stages * d).to(table.dtype)
+    table[slots, stages * d] = positions.to(table.dtype)

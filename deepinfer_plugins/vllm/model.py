@@ -5,11 +5,18 @@ a ``PagedSequenceState`` over vLLM's caches) and calls ``DeepseekV41Model.hidden
 official checkpoint names under ``model.``; quantised tensors are loaded as stored (see models/.../linear.py).
 
 Tensor parallelism is not implemented: the class refuses tensor_parallel_size > 1 with a clear error.
+
+DSpark speculation (spec_decode.py): when the speculative config names ``DeepInferDSparkProposer`` (or a subclass),
+the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, in the
+same forward, turns the residual streams entering ``dspark_target_layer_ids`` into every draft stage's context
+keys and writes them at each token's slot. ``last_step`` keeps the per-row block table of that cache, so the
+proposer (which vLLM gives no request ids and no hidden states) finds each row's context.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -21,10 +28,33 @@ from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, check_tensor
-from ..models.deepseek_v41.model import DeepseekV41Model
-from .cache import PagedSequenceState, make_cache_owners
+from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
+from .cache import PagedSequenceState, make_cache_owners, make_dspark_feature_owner, write_dspark_context
 
 logger = logging.getLogger("deepinfer")
+
+
+def dspark_tokens(vllm_config) -> int:
+    """num_speculative_tokens if the speculative config selects our DSpark proposer (or a subclass), else 0."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "custom_class" or not spec.model:
+        return 0
+    import importlib
+
+    from .spec_decode import DeepInferDSparkProposer
+
+    module, _, name = spec.model.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return spec.num_speculative_tokens if isinstance(cls, type) and issubclass(cls, DeepInferDSparkProposer) else 0
+
+
+@dataclass
+class LastStep:
+    """What the proposer needs from the forward it follows (rows in the runner's batch order)."""
+
+    context_blocks: torch.Tensor  # [requests, blocks] block table of the DSpark context cache
+    seq_lens: list[int]  # tokens per request including this step's
+
 
 
 class DeepInferDeepseekV41ForCausalLM(nn.Module):
@@ -37,8 +67,14 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         self.args = ModelArgs.from_file(Path(model_config.model))
         dtype = model_config.dtype
         param_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
-        self.model = DeepseekV41Model(self.args, dtype=dtype, param_dtype=param_dtype)
+        self.num_speculative_tokens = dspark_tokens(vllm_config)
+        with_drafter = self.num_speculative_tokens > 0
+        self.model = DeepseekV41ForCausalLM(self.args, dtype=dtype, param_dtype=param_dtype, with_drafter=with_drafter)
         self.window_caches, self.compressed_caches = make_cache_owners(self.args, vllm_config, prefix)
+        self.context_cache = (make_dspark_feature_owner(self.args, vllm_config, prefix, self.num_speculative_tokens)
+                              if with_drafter else None)
+        self.capture_layers = tuple(self.args.dspark_target_layer_ids) if with_drafter else ()
+        self.last_step: LastStep | None = None
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
 
@@ -56,7 +92,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
             return hidden  # vLLM's profiling / warm-up run: no caches, nothing to compute
         first_meta = metadata[self.window_caches[0].layer_name]
         n = first_meta.num_actual_tokens
-        chunks, starts = [], first_meta.query_start_loc
+        chunks, rows, starts = [], [], first_meta.query_start_loc
         for request in range(len(starts) - 1):
             first, last = starts[request], starts[request + 1]
             if last == first:
@@ -65,19 +101,42 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
             state = PagedSequenceState(self.args, request, start_pos, input_ids[first:last].cpu(),
                                        self.window_caches, self.compressed_caches, metadata)
             chunks.append(SequenceChunk(first, last - first, start_pos, state))
+            rows.append((request, start_pos, last - first))
         if chunks:
-            hidden[:n] = self.model.hidden_states(input_ids[:n], chunks)
+            hidden[:n] = self.model.hidden_states(input_ids[:n], chunks, capture_layers=self.capture_layers)
+        if self.context_cache is not None:
+            self._write_draft_context(chunks, rows, first_meta, metadata[self.context_cache.layer_name])
         return hidden
+
+    @torch.inference_mode()
+    def _write_draft_context(self, chunks, rows, first_meta, context_meta) -> None:
+        """Every row's draft context keys (all stages) into the paged context cache, in one batched pass: a later
+        prefix-cache hit or chunk boundary may need any position's keys."""
+        self.last_step = LastStep(context_meta.block_table, list(first_meta.seq_lens))
+        if not chunks:
+            return
+        drafter = self.model.drafter
+        streams = {layer: torch.cat([c.published["streams_in"][layer] for c in chunks])
+                   for layer in self.capture_layers}
+        positions = torch.cat([torch.arange(start, start + n) for _, start, n in rows])
+        context = drafter.context(streams).to(drafter.dtype)  # [rows, d]
+        keys = torch.stack([stage.attn.latents(context, positions) for stage in drafter], dim=1)  # [rows, S, hd]
+        row = 0
+        for request, start, n in rows:
+            write_dspark_context(self.args, self.context_cache, context_meta.block_table[request],
+                                 keys[row: row + n], start)
+            row += n
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Official checkpoint names -> ``model.<name>``; vision/image tensors and the drafter are skipped."""
+        """Official checkpoint names -> ``model.<name>``; vision/image tensors are skipped, and the drafter
+        (``mtp.*``) unless DSpark speculation is configured."""
         params = dict(self.model.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
-            if name.startswith(SKIPPED_PREFIXES) or name.startswith("mtp."):
+            if name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and self.model.drafter is None):
                 continue
             if name not in params:
                 raise CheckpointError(f"unexpected tensor {name!r}: not part of the model the config describes")

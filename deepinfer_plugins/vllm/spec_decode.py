@@ -1,0 +1,107 @@
+"""DSpark speculative decoding in vLLM through the ``custom_class`` proposer hook (V1 model runner only).
+
+    vllm serve <checkpoint> --speculative-config \\
+        '{"method": "custom_class", "model": "deepinfer_plugins.vllm.spec_decode.DeepInferDSparkProposer",
+          "num_speculative_tokens": 3}'
+
+What vLLM 0.32 gives a custom proposer (docs/vllm_internals.md §6): ``load_model(target_model)`` once, then per
+step ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` with rows in the batch
+order of the forward that just ran, and nothing else: no request ids, no hidden states, no sampling parameters.
+
+How the target's features reach the drafter without a second forward: the target model (model.py) captures the
+residual streams entering ``dspark_target_layer_ids`` during its own forward, runs the drafter's context combiner
+and every stage's key projection on them and writes the keys into a paged cache of its own (cache.py,
+``make_dspark_feature_owner``), at the slot of each token. The proposer keeps no per-request state: for row i the
+anchor is the last committed token (position n_i - 1), its context is the ``sliding_window`` positions before it,
+read through the row's block table of the forward just run (``model.last_step``). Prefix-cache hits, chunked
+prefill, preemption and rejected drafts therefore need nothing special: rejected positions are rewritten when
+vLLM recomputes them, and a draft never reads a position at or after its anchor.
+
+Drafts are greedy (argmax of the Markov-corrected draft distribution). vLLM's rejection sampler treats drafts
+without probabilities as one-hot proposals, which is lossless for greedy and for sampled requests alike.
+
+Verify lengths: vLLM's V1 runner accepts one draft list per request of any length <= num_speculative_tokens, so
+lengths can differ per request. By default every request gets min(num_speculative_tokens, dspark_block_size)
+drafts. With ``DEEPINFER_DSPARK_COST_TABLE=<json file>`` holding a ``{"tokens": [...], "ms": [...]}`` step-cost
+table (cost_model.CostTable), lengths come from ``plan_verify_lengths`` (Algorithm A) on the drafter's
+confidences, capped at num_speculative_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import torch
+
+from .. import envs
+from ..dspark.length_policy import plan_verify_lengths
+from .cache import PagedDraftContext
+
+logger = logging.getLogger("deepinfer")
+
+def load_cost_table(path: str):
+    from ..dspark.cost_model import CostTable
+
+    with open(path) as f:
+        data = json.load(f)
+    return CostTable(data["tokens"], data["ms"])
+
+
+class DeepInferDSparkProposer:
+    """vLLM ``custom_class`` proposer running DeepInfer's DSpark drafter on the target's paged draft context."""
+
+    def __init__(self, vllm_config):
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = spec.num_speculative_tokens
+        self.target = None
+        path = envs.dspark_cost_table_path()
+        self.step_cost = load_cost_table(path) if path else None
+
+    def load_model(self, target_model) -> None:
+        if getattr(target_model, "context_cache", None) is None:
+            raise RuntimeError("DeepInferDSparkProposer needs DeepInfer's V4.1 model class with its DSpark drafter "
+                               f"(got {type(target_model).__name__}); serve the checkpoint with --plugin deepinfer")
+        self.target = target_model
+        self.args = target_model.args
+        self.num_drafts = min(self.num_speculative_tokens, target_model.model.drafter.block_size)
+        if self.num_drafts < self.num_speculative_tokens:
+            logger.warning("deepinfer: num_speculative_tokens=%d exceeds the DSpark block size %d; proposing %d",
+                           self.num_speculative_tokens, self.num_drafts, self.num_drafts)
+        logger.info("deepinfer: DSpark proposer on %s, up to %d drafts per request, verify lengths %s",
+                    type(target_model).__name__, self.num_drafts,
+                    "planned (Algorithm A)" if self.step_cost is not None else "fixed")
+
+    def draft_rows(self, num_tokens_no_spec, token_ids_cpu, rows: list[int]):
+        """Draft one block for each batch row in ``rows`` -> (tokens [R, B], confidences [R, B]) numpy."""
+        model, step = self.target.model, self.target.last_step
+        if step is None:
+            raise RuntimeError("propose() before any forward: no draft context")
+        states, anchors = [], []
+        for i in rows:
+            n = int(num_tokens_no_spec[i])
+            anchors.append(int(token_ids_cpu[i, n - 1]))
+            states.append(PagedDraftContext(self.args, self.target.context_cache, step.context_blocks[i], n - 1))
+        block = model.drafter.propose(model.embed, model.head.weight,
+                                      torch.tensor(anchors, dtype=torch.long), states, greedy_draft=True)
+        return block.tokens.cpu().numpy(), block.confidences.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings=None, **kwargs) -> list[list[int]]:
+        # Rows that sampled nothing (partial prefill chunks, discarded rows) get no drafts.
+        rows = [i for i, sampled in enumerate(sampled_token_ids) if sampled]
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        if not rows or self.num_drafts == 0:
+            return drafts
+        tokens, confidences = self.draft_rows(num_tokens_no_spec, token_ids_cpu, rows)
+        tokens, confidences = tokens[:, : self.num_drafts], confidences[:, : self.num_drafts]
+        if self.step_cost is None:
+            lengths = [self.num_drafts] * len(rows)
+        else:
+            lengths = [int(x) for x in plan_verify_lengths([list(map(float, c)) for c in confidences],
+                                                          self.step_cost)]
+        for r, i in enumerate(rows):
+            drafts[i] = [int(t) for t in tokens[r, : lengths[r]]]
+        return drafts
