@@ -64,7 +64,12 @@ def model_args_from_sglang_config(config) -> ModelArgs:
                       "was flattened (no text_config); pass the checkpoint directory as --model-path")
 
 
+class UnsupportedInputError(ValueError):
+    """SGLang asked for something this adapter does not serve (a forward mode, embeddings, pipeline stages)."""
+
+
 # ---- KV state over SGLang's slots ------------------------------------------------------------------------
+
 class SlotStore:
     """V4.1's per-token state in buffers indexed by SGLang KV slot id (see the module docstring).
 
@@ -187,7 +192,7 @@ def rows_per_request(forward_batch, num_rows: int) -> list[int]:
         if lens is None:
             lens = forward_batch.extend_seq_lens.tolist()
         return [int(n) for n in lens]
-    raise NotImplementedError(f"DeepInfer's V4.1 SGLang model does not handle forward mode {mode.name}")
+    raise UnsupportedInputError(f"DeepInfer's V4.1 SGLang model does not handle forward mode {mode.name}")
 
 
 class DeepInferDeepseekV41ForCausalLM(nn.Module):
@@ -283,7 +288,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
         if input_embeds is not None or get_embedding or pp_proxy_tensors is not None:
-            raise NotImplementedError("DeepInfer's V4.1 SGLang model takes token ids only (no input_embeds, "
+            raise UnsupportedInputError("DeepInfer's V4.1 SGLang model takes token ids only (no input_embeds, "
                                       "embedding mode or pipeline parallelism)")
         chunks, counts = self.sequence_chunks(positions, forward_batch)
         states = [c.state for c in chunks]
