@@ -11,40 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 from openai import OpenAI
 
-from deepinfer_plugins.cli import stop_process_group
+from deepinfer_plugins.cli import launch_server, stop_process_group
 
 MODEL = "deepseek-v4.1-small"
 OFF = {"chat_template_kwargs": {"thinking": False}, "ignore_eos": True}
-
-
-def start_server(checkpoint: Path, port: int, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "deepinfer_plugins.cli", "serve", "--plugin", "deepinfer", str(checkpoint),
-               "--port", str(port), "--dtype", "float32", "--max-model-len", "8192", "--served-model-name", MODEL]
-    process = subprocess.Popen(command, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2"),
-                               stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited ({process.returncode}); see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(2)
-    stop_process_group(process)
-    raise TimeoutError("server not ready")
 
 
 def stream(client: OpenAI, prompt: str, max_tokens: int) -> tuple[float, float, int]:
@@ -71,7 +49,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="deepinfer-serve-bench-"))
     checkpoint = write_random_checkpoint(work / "small", "small", seed=0)
-    process = start_server(checkpoint, options.port, work / "server.log")
+    process, _ = launch_server(checkpoint, options.port, ["--dtype", "float32", "--max-model-len", "8192",
+                                                          "--served-model-name", MODEL], work / "server.log",
+                               kv_cache_gib=2, timeout=900)
     client = OpenAI(base_url=f"http://127.0.0.1:{options.port}/v1", api_key="unused", max_retries=0, timeout=600)
     rows = []
     try:

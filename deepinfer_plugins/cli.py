@@ -76,17 +76,38 @@ def serve(args: argparse.Namespace, extra: list[str]) -> int:
     os.execvpe(command[0], command, serve_env(args.plugin or "deepinfer"))  # vLLM replaces us: signals reach it
 
 
-def wait_ready(base: str, process: subprocess.Popen, timeout: float) -> None:
+def wait_ready(base: str, process: subprocess.Popen, timeout: float, log: Path) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited with code {process.returncode} before it was ready")
+            raise RuntimeError(f"the server exited with code {process.returncode} before it was ready; "
+                               f"log: {log}\n{log.read_text()[-4000:]}")
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=2):
                 return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             time.sleep(1)
-    raise TimeoutError(f"the server was not ready after {timeout:.0f} s")
+    raise TimeoutError(f"the server was not ready after {timeout:.0f} s; log: {log}")
+
+
+def launch_server(model: str | Path, port: int, extra: list[str], log: Path, kv_cache_gib: int = 1,
+                  timeout: float = 600) -> tuple[subprocess.Popen, str]:
+    """Start ``vllm serve`` with the plugin in its own process group and wait until it answers.
+
+    Returns (process, base URL); stop it with ``stop_process_group``. Used by the demo, the integration tests
+    and the serving benchmark."""
+    command = serve_command(str(model), ["--port", str(port), *extra])
+    env = serve_env("deepinfer")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=log.open("w"),
+                               stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, process, timeout, log)
+    except BaseException:
+        stop_process_group(process)
+        raise
+    return process, base
 
 
 def chat(base: str, model: str, content: str, max_tokens: int) -> dict:
@@ -105,17 +126,12 @@ def demo(args: argparse.Namespace) -> int:
     if not (directory / "config.json").exists():
         write_random_checkpoint(directory, "tiny", seed=0)
         print(f"wrote the tiny V4.1 checkpoint (real 129280-token vocabulary, random weights) to {directory}")
-    base = f"http://127.0.0.1:{args.port}"
-    command = serve_command(str(directory), ["--port", str(args.port), "--dtype", "float32", "--max-model-len",
-                                             "4096", "--served-model-name", "deepseek-v4.1-tiny"])
-    env = serve_env("deepinfer")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     log = directory.parent / "demo-server.log"
-    print("starting:", " ".join(command[1:]), f"(server log: {log})", flush=True)
-    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=log.open("w"),
-                               stderr=subprocess.STDOUT)
+    print(f"starting vllm serve {directory} with the deepinfer plugin (server log: {log})", flush=True)
+    process, base = launch_server(directory, args.port, ["--dtype", "float32", "--max-model-len", "4096",
+                                                         "--served-model-name", "deepseek-v4.1-tiny"],
+                                  log, timeout=args.timeout)
     try:
-        wait_ready(base, process, args.timeout)
         answer = chat(base, "deepseek-v4.1-tiny", args.prompt, args.max_tokens)
         print(json.dumps(answer, indent=2, ensure_ascii=False))
         print("\nThe weights are random, so the text is noise; the request went through vLLM with DeepInfer's "

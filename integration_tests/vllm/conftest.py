@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
-
-from deepinfer_plugins.cli import stop_process_group
+from deepinfer_plugins.cli import launch_server, stop_process_group
 import pytest
 
 MODEL = "deepseek-v4.1-tiny"
@@ -38,31 +33,12 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(checkpoint):
-    port = free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    command = [sys.executable, "-m", "deepinfer_plugins.cli", "serve", "--plugin", "deepinfer", str(checkpoint),
-               "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
-               "--served-model-name", MODEL, "--max-num-batched-tokens", "512",
-               "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
-    log = LOG.open("w")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {process.returncode}; log: {LOG}\n{LOG.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(2)
-    else:
-        stop_process_group(process)
-        raise RuntimeError(f"vllm serve not ready after 600 s; log: {LOG}")
+    process, base = launch_server(checkpoint, free_port(),
+                                  ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL,
+                                   "--max-num-batched-tokens", "512", "--structured-outputs-config",
+                                   '{"backend": "xgrammar", "disable_any_whitespace": true}'], LOG)
     yield base
     stop_process_group(process)
-    log.close()
 
 
 @pytest.fixture(scope="session")

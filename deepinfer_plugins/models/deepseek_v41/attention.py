@@ -8,7 +8,6 @@ reuse = neither). Output: inverse RoPE, then the grouped low-rank projection ``w
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
