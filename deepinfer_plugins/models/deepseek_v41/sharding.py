@@ -1,0 +1,72 @@
+"""Tensor-parallel sharding of V4.1's sublayers: which weights split along which axis, and what is summed.
+
+Attention splits by query heads in whole output groups: rank r keeps the heads of groups
+[r*G/tp, (r+1)*G/tp) (their ``wq_b`` rows, sinks, ``wo_a`` rows) and the matching input columns of ``wo_b``;
+the single latent KV, the q latent, the compressor and the indexer are replicated (MQA has one KV head, so the
+caches are the same on every rank). MoE splits every expert's intermediate dimension (``w1``/``w3`` rows,
+``w2`` columns); the router is replicated. Each rank's sublayer output is a partial sum: an all-reduce (sum)
+over ranks gives the unsharded output, which is what the mHC expand consumes.
+
+The shards are built from dequantised weights, so any split is exact; a deployment keeps the FP8/FP4 tensors
+and needs split points on 32-column scale blocks (true for the released sizes: 1024-wide groups, 2304-wide
+experts split 2, 4 or 8 ways).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .linear import Linear
+from .moe import MoE
+
+
+def _dense(linear: Linear, rows: slice = slice(None), cols: slice = slice(None)) -> Linear:
+    weight = linear.dense_weight(torch.float32)[rows, cols]
+    shard = Linear(weight.shape[1], weight.shape[0])
+    shard.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    return shard
+
+
+def shard_attention(attn: Attention, rank: int, world: int) -> Attention:
+    """Rank ``rank`` of ``world`` of an attention layer; its forward returns this rank's partial output."""
+    if attn.o_groups % world:
+        raise ValueError(f"o_groups={attn.o_groups} cannot be split over {world} ranks")
+    groups = attn.o_groups // world
+    heads = attn.n_heads // world
+    head_rows = slice(rank * heads * attn.head_dim, (rank + 1) * heads * attn.head_dim)
+    lora = attn.wo_a.out_features // attn.o_groups
+    group_rows = slice(rank * groups * lora, (rank + 1) * groups * lora)
+    shard = copy.copy(attn)
+    shard._modules = dict(attn._modules)
+    shard._parameters = dict(attn._parameters)
+    shard.n_heads, shard.o_groups = heads, groups
+    shard.wq_b = _dense(attn.wq_b, rows=head_rows)
+    shard.wo_a = _dense(attn.wo_a, rows=group_rows)
+    shard.wo_b = _dense(attn.wo_b, cols=group_rows)
+    shard.attn_sink = nn.Parameter(attn.attn_sink[rank * heads:(rank + 1) * heads].clone(), requires_grad=False)
+    return shard
+
+
+def shard_moe(moe: MoE, rank: int, world: int) -> MoE:
+    """Rank ``rank`` of ``world`` of an MoE layer (every expert's intermediate dimension split)."""
+    shard = copy.copy(moe)
+    shard._modules = dict(moe._modules)
+    shard.experts = nn.ModuleList(_shard_expert(e, rank, world) for e in moe.experts)
+    shard.shared_experts = _shard_expert(moe.shared_experts, rank, world)
+    return shard
+
+
+def _shard_expert(expert, rank: int, world: int):
+    inter = expert.w1.out_features
+    if inter % world:
+        raise ValueError(f"expert width {inter} cannot be split over {world} ranks")
+    part = slice(rank * inter // world, (rank + 1) * inter // world)
+    shard = copy.copy(expert)
+    shard._modules = dict(expert._modules)
+    shard.w1, shard.w3 = _dense(expert.w1, rows=part), _dense(expert.w3, rows=part)
+    shard.w2 = _dense(expert.w2, cols=part)
+    return shard
