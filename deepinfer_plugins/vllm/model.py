@@ -4,7 +4,8 @@ Nothing here computes model math: the forward builds one ``SequenceChunk`` per r
 a ``PagedSequenceState`` over vLLM's caches) and calls ``DeepseekV41Model.hidden_states``. Weight names are the
 official checkpoint names under ``model.``; quantised tensors are loaded as stored (see models/.../linear.py).
 
-Tensor parallelism is not implemented: the class refuses tensor_parallel_size > 1 with a clear error.
+Tensor parallelism is not wired in: the class refuses tensor_parallel_size > 1 with a clear error (the sharding
+math itself is in models/deepseek_v41/sharding.py and tested).
 
 DSpark speculation (spec_decode.py): when the speculative config names ``DeepInferDSparkProposer`` (or a subclass),
 the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, in the
@@ -27,7 +28,7 @@ from vllm.forward_context import get_forward_context
 from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk
-from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, check_tensor
+from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
 from .cache import PagedSequenceState, make_cache_owners, make_dspark_feature_owner, write_dspark_context
 
@@ -70,6 +71,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         self.num_speculative_tokens = dspark_tokens(vllm_config)
         with_drafter = self.num_speculative_tokens > 0
         self.model = DeepseekV41ForCausalLM(self.args, dtype=dtype, param_dtype=param_dtype, with_drafter=with_drafter)
+        attach_engram_token_map(self.model, Path(model_config.tokenizer))
         self.window_caches, self.compressed_caches = make_cache_owners(self.args, vllm_config, prefix)
         self.context_cache = (make_dspark_feature_owner(self.args, vllm_config, prefix, self.num_speculative_tokens)
                               if with_drafter else None)

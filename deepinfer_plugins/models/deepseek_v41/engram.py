@@ -7,9 +7,8 @@ with a learned key of the looked-up memory and adds the memory's value where the
 
 from __future__ import annotations
 
+import functools
 import math
-import re
-import unicodedata
 
 import torch
 from torch import nn
@@ -98,18 +97,26 @@ class EngramHasher(nn.Module):
                             for t in range(self.primes.shape[0])], dim=1)
 
 
-_WHITESPACE = re.compile(r"[ \t\r\n]+")
 _SPACE_SENTINEL = "\ue000"
 
 
+@functools.lru_cache(maxsize=1)
+def _token_text_normalizer():
+    """Spec §7.1 with the ``tokenizers`` library's own normalizers, whose notions of accents (every combining
+    mark) and of stripping (space-like characters only, not ASCII control characters) the released token map
+    was built with; Python's ``unicodedata`` / ``str.strip`` give 1,364 different keys on the V4 vocabulary."""
+    from tokenizers import Regex, normalizers
+
+    return normalizers.Sequence([
+        normalizers.NFKC(), normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase(),
+        normalizers.Replace(Regex(r"[ \t\r\n]+"), " "), normalizers.Replace(Regex(r"^ $"), _SPACE_SENTINEL),
+        normalizers.Strip(), normalizers.Replace(_SPACE_SENTINEL, " "),
+    ])
+
+
 def normalize_token_text(text: str) -> str:
-    """Spec §7.1: NFKC, NFD, drop accents, lowercase, collapse whitespace runs, strip (a lone space survives)."""
-    text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text))
-    text = "".join(ch for ch in text if not unicodedata.combining(ch)).lower()
-    text = _WHITESPACE.sub(" ", text)
-    if text == " ":
-        text = _SPACE_SENTINEL
-    return text.strip().replace(_SPACE_SENTINEL, " ")
+    """NFKC, NFD, drop accents, lowercase, collapse whitespace runs, strip (a lone space survives)."""
+    return _token_text_normalizer().normalize_str(text)
 
 
 def compressed_token_map(tokenizer, expected_size: int) -> torch.Tensor:
@@ -120,8 +127,8 @@ def compressed_token_map(tokenizer, expected_size: int) -> torch.Tensor:
     mapping = []
     for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True)):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if "\ufffd" in text:
-            key = "raw:" + by_id.get(token_id, "")
+        if "\ufffd" in text:  # a partial UTF-8 byte: keyed by its raw token string, in the same key space
+            key = by_id.get(token_id, "")
         else:
             key = normalize_token_text(text) or text
         mapping.append(keys.setdefault(key, len(keys)))

@@ -158,14 +158,24 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
     state = load_state_dict_checked(path, model)
     model.load_state_dict(state, strict=True, assign=True)
     model.to(device)
-    tokenizer_file = path / "tokenizer.json"
-    if args.engram_layer_ids and not model.hasher.identity_map:
-        from tokenizers import Tokenizer
-
-        from .engram import compressed_token_map
-
-        if not tokenizer_file.exists():
-            raise CheckpointError(f"{path}: Engram needs tokenizer.json to build its compressed token map")
-        model.hasher.set_token_map(compressed_token_map(Tokenizer.from_file(str(tokenizer_file)),
-                                                        args.engram_compressed_vocab_size))
+    attach_engram_token_map(model, path)
     return model.eval()
+
+
+def attach_engram_token_map(model, path: Path) -> None:
+    """Give Engram its tokenizer-derived token map (spec §7.1) unless the config uses the identity map."""
+    args = model.args
+    if not args.engram_layer_ids or model.hasher.identity_map:
+        return
+    from tokenizers import Tokenizer
+
+    from .engram import compressed_token_map
+
+    tokenizer_file = Path(path) / "tokenizer.json"
+    if not tokenizer_file.exists():
+        raise CheckpointError(f"{path}: Engram needs tokenizer.json to build its compressed token map")
+    try:
+        token_map = compressed_token_map(Tokenizer.from_file(str(tokenizer_file)), args.engram_compressed_vocab_size)
+    except ValueError as exc:
+        raise CheckpointError(f"{tokenizer_file}: {exc}") from None
+    model.hasher.set_token_map(token_map)
