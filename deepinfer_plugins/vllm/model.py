@@ -4,8 +4,9 @@ Nothing here computes model math: the forward builds one ``SequenceChunk`` per r
 a ``PagedSequenceState`` over vLLM's caches) and calls ``DeepseekV41Model.hidden_states``. Weight names are the
 official checkpoint names under ``model.``; quantised tensors are loaded as stored (see models/.../linear.py).
 
-Tensor parallelism is not wired in: the class refuses tensor_parallel_size > 1 with a clear error (the sharding
-math itself is in models/deepseek_v41/sharding.py and tested).
+Tensor parallelism: after loading, every rank keeps its shard of each block (attention heads by output group, every
+expert's width; models/deepseek_v41/sharding.py) and vLLM's all-reduce sums the partial sublayer outputs. The
+caches are replicated (one latent KV head).
 
 DSpark speculation (spec_decode.py): when the speculative config names ``DeepInferDSparkProposer`` (or a subclass),
 the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, in the
@@ -30,6 +31,7 @@ from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
+from ..models.deepseek_v41.sharding import shard_blocks
 from .cache import PagedSequenceState, make_cache_owners, make_dspark_feature_owner, write_dspark_context
 
 logger = logging.getLogger("deepinfer")
@@ -62,9 +64,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         model_config = vllm_config.model_config
-        if vllm_config.parallel_config.tensor_parallel_size > 1:
-            raise ValueError("DeepInfer's V4.1 vLLM adapter runs with tensor_parallel_size=1 only "
-                             f"(got {vllm_config.parallel_config.tensor_parallel_size})")
+        self.tensor_parallel = vllm_config.parallel_config.tensor_parallel_size
         self.args = ModelArgs.from_file(Path(model_config.model))
         dtype = model_config.dtype
         param_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
@@ -151,4 +151,9 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
             raise CheckpointError(f"missing tensor {missing[0][len('model.'):]!r} ({len(missing)} missing in total)")
         if envs.keep_dense_weights():
             self.model.keep_dense_weights()
+        if self.tensor_parallel > 1:
+            from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
+
+            shard_blocks(self.model.layers, get_tensor_model_parallel_rank(), self.tensor_parallel,
+                         tensor_model_parallel_all_reduce)
         return loaded

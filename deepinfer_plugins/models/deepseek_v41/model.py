@@ -41,8 +41,12 @@ class Block(nn.Module):
         self.attn = Attention(args, layer_id, dtype)
         self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
         self.ffn = MoE(args, dtype, n_experts, top_k)
+        self.reduce_partial = None  # tensor parallelism: sums each rank's partial sublayer output (sharding.py)
         if layer_id in args.engram_layer_ids:
             self.engram = Engram(args, args.engram_layer_ids.index(layer_id), dtype)
+
+    def sublayer_output(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.reduce_partial is None else self.reduce_partial(out)
 
     def coefficients(self, site: str, streams: torch.Tensor):
         return ops.hc_coefficients(
@@ -60,10 +64,10 @@ class Block(nn.Module):
         attn_in = self.attn_norm(ops.hc_collapse(streams, pre_mix))
         streams = streams[query_rows]
         pre_attn, post_attn, comb_attn = self.coefficients("attn", streams)
-        streams = ops.hc_expand(streams, self.attn(attn_in, chunks), post_attn, comb_attn)
+        streams = ops.hc_expand(streams, self.sublayer_output(self.attn(attn_in, chunks)), post_attn, comb_attn)
         pre_ffn, post_ffn, comb_ffn = self.coefficients("ffn", streams)
         ffn_in = self.ffn_norm(ops.hc_collapse(streams, pre_attn))
-        streams = ops.hc_expand(streams, self.ffn(ffn_in), post_ffn, comb_ffn)
+        streams = ops.hc_expand(streams, self.sublayer_output(self.ffn(ffn_in)), post_ffn, comb_ffn)
         return streams, pre_ffn
 
 

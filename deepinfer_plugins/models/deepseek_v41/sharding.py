@@ -70,3 +70,11 @@ def _shard_expert(expert, rank: int, world: int):
     shard.w1, shard.w3 = _dense(expert.w1, rows=part), _dense(expert.w3, rows=part)
     shard.w2 = _dense(expert.w2, cols=part)
     return shard
+
+
+def shard_blocks(blocks, rank: int, world: int, all_reduce) -> None:
+    """Turn every block into rank ``rank``'s shard, in place; ``all_reduce`` sums partial outputs over ranks."""
+    for block in blocks:
+        block.attn = shard_attention(block.attn, rank, world)
+        block.ffn = shard_moe(block.ffn, rank, world)
+        block.reduce_partial = all_reduce
