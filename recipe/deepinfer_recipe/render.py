@@ -5,12 +5,13 @@ segments with a flag saying which ones are template special tokens (needed for e
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .conversation import Conversation, ImageSource, ModelVersion
+from .conversation import Conversation, ModelVersion
 from .jsonfmt import dumps_named_lines, dumps_v4, dumps_v41
 from .tokens import DEFAULT_SPECIAL_TOKENS, SpecialTokens
 
@@ -292,8 +293,6 @@ def _order_v4(msgs: list) -> list:
         if m.role == "assistant" and m.tool_calls:
             calls = m.tool_calls
             if len(calls) > 1:
-                import copy
-
                 m = copy.copy(m)
                 m.tool_calls = sorted(calls, key=lambda c: c.id)
                 out[i] = m
@@ -340,8 +339,6 @@ def render_conversation(conv: Conversation, version: ModelVersion,
 
 
 def _as_role(m, role: str):
-    import copy
-
     m = copy.copy(m)
     m.role = role
     return m
