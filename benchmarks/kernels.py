@@ -1,11 +1,14 @@
 """Per-op kernel benchmark at V4.1-Flash shapes: bytes and FLOPs moved, time per backend, roofline fractions.
 
-On CPU only the reference is timed (the Triton interpreter says nothing about speed); on CUDA every registered
-backend is timed and, with --check, compared against the reference first. The ceiling for memory-bound ops is a
-copy bandwidth measured in the same run; for sparse attention, --matrix-tflops (default: H200 dense BF16, 989).
-Writes a markdown table to benchmarks/results/kernels.md and prints one JSON line per case.
+On CPU only the reference is timed (the Triton interpreter says nothing about speed). On CUDA every registered
+backend is timed and, with --check, first compared with the reference (bit-exact for quantisers, records, RoPE
+and top-k ids; 2e-2 and cosine > 0.9999 elsewhere). Both ceilings are measured in the same run: a device copy
+for the memory-bound ops and a dense bf16 8192^3 matrix product for sparse attention. GPU times are CUDA-graph
+replays of back-to-back calls (launch overhead excluded); inputs of the sparse-attention cases rotate over
+several copies so that they do not sit in L2. ``--sweep`` also times every Triton tile configuration and both
+CUDA attention kernels. Writes a markdown table (default benchmarks/results/kernels.md) and one JSON line per row.
 
-  python benchmarks/kernels.py [--device cuda] [--check] [--quick] [--out benchmarks/results/kernels.md]
+  python benchmarks/kernels.py [--device cuda] [--check] [--sweep] [--quick] [--out FILE]
 """
 
 from __future__ import annotations
@@ -13,37 +16,103 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from deepinfer_plugins import ops
 
+EXACT_OPS = {"fp8_fake_quant", "nvfp4_fake_quant", "mxfp4_fake_quant", "cache_write", "topk_indices",
+             "engram_gather", "rope"}
+SPARSE_ROWS = (1, 8, 64, 384)  # decode batches, and 64 sequences x 6 DSpark verification rows
 
-def timeit(fn, device: str, min_time: float = 0.2, max_iters: int = 200) -> float:
-    fn()  # warm-up / compile
-    if device == "cuda":
+
+@dataclass
+class Case:
+    name: str
+    args_list: list  # rotating argument sets: call i uses args_list[i % len]
+    nbytes: int
+    flops: int = 0
+    compute_bound: bool = False
+    in_place: bool = False  # first argument is written: the check runs on a clone
+    notes: dict = field(default_factory=dict)
+
+
+def time_gpu(fn, args_list, calls: int = 20, repeats: int = 5) -> float:
+    """Seconds per call: a CUDA graph of ``calls`` back-to-back calls, best of ``repeats`` replays. Ops that
+    synchronise with the host (cannot be captured) fall back to event timing of an unsynchronised loop."""
+    for args in args_list:
+        fn(*args)
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fn(*args_list[i % len(args_list)])
+        replay = graph.replay
+    except Exception:  # host synchronisation inside fn: time it eagerly
         torch.cuda.synchronize()
+
+        def replay():
+            for i in range(calls):
+                fn(*args_list[i % len(args_list)])
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / calls)
+    return best
+
+
+def time_cpu(fn, args_list, min_time: float = 0.2, max_iters: int = 50) -> float:
+    fn(*args_list[0])
     iters, start = 0, time.perf_counter()
     while True:
-        fn()
+        fn(*args_list[iters % len(args_list)])
         iters += 1
-        if device == "cuda":
-            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         if elapsed > min_time or iters >= max_iters:
             return elapsed / iters
 
 
-def copy_bandwidth(device: str, nbytes: int) -> float:
+def copy_bandwidth(device: str) -> float:
+    nbytes = (2 << 30) if device == "cuda" else (256 << 20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = timeit(lambda: dst.copy_(src), device)
-    return 2 * nbytes / seconds  # read + write
+    timer = time_gpu if device == "cuda" else time_cpu
+    return 2 * nbytes / timer(lambda a, b: b.copy_(a), [(src, dst)])  # read + write
 
 
-def cases(device: str, quick: bool):
-    """(op name, args, bytes moved, FLOPs, compute-bound?) at V4.1-Flash shapes (spec: d 5120, 64 x 512 heads)."""
+def matrix_rate(device: str) -> float:
+    n = 8192 if device == "cuda" else 1024
+    g = torch.Generator(device="cpu").manual_seed(1)
+    a = torch.randn(n, n, generator=g).to(device, torch.bfloat16)
+    b = torch.randn(n, n, generator=g).to(device, torch.bfloat16)
+    timer = time_gpu if device == "cuda" else time_cpu
+    return 2 * n ** 3 / timer(torch.matmul, [(a, b)])
+
+
+def sparse_attention_case(rows: int, device: str, g, rotations: int) -> Case:
+    """V4.1 decode / verify: 64 heads x 512, 128 window keys + 512 selected entries per row, every row's keys
+    distinct (as for distinct sequences), bf16 pool."""
+    heads, dim, keys = 64, 512, 640
+    args_list = []
+    for _ in range(rotations):
+        pool = torch.randn(rows * keys, dim, generator=g).to(device, torch.bfloat16)
+        idx = (torch.arange(rows)[:, None] * keys + torch.stack([torch.randperm(keys, generator=g)
+                                                                  for _ in range(rows)])).to(device)
+        q = torch.randn(rows, heads, dim, generator=g).to(device, torch.bfloat16)
+        sink = torch.randn(heads, generator=g).to(device)
+        args_list.append((q, pool, idx, sink, dim ** -0.5))
+    nbytes = rows * (keys * dim * 2 + 2 * heads * dim * 2 + keys * 8)
+    return Case(f"sparse_attention[T={rows}]", args_list, nbytes, rows * 2 * 2 * heads * keys * dim, True)
+
+
+def cases(device: str, quick: bool) -> list[Case]:
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def rnd(*shape, dtype=torch.bfloat16):
@@ -53,105 +122,151 @@ def cases(device: str, quick: bool):
     out = []
     x = rnd(b * 64, 512)
     n = x.numel()
-    out.append(("fp8_fake_quant", (x,), 2 * n * 2, 0, False))
-    out.append(("nvfp4_fake_quant", (x,), 2 * n * 2, 0, False))
-    out.append(("mxfp4_fake_quant", (rnd(b * 32, 128),), 2 * b * 32 * 128 * 2, 0, False))
+    out.append(Case("fp8_fake_quant", [(x,)], 2 * n * 2))
+    out.append(Case("nvfp4_fake_quant", [(x,)], 2 * n * 2))
+    out.append(Case("mxfp4_fake_quant", [(rnd(b * 32, 128),)], 2 * b * 32 * 128 * 2))
     slots = torch.randperm(4 * b, generator=g)[:b].to(device)
     for fmt, dim in (("fp8_window", 512), ("nvfp4", 512), ("mxfp4", 128)):
         cache = torch.zeros(4 * b, ops.record_bytes(fmt, dim), dtype=torch.uint8, device=device)
-        out.append((f"cache_write[{fmt}]", (cache, slots, rnd(b, dim), fmt),
-                    b * (dim * 2 + ops.record_bytes(fmt, dim)), 0, False))
-    topk, window = 512, 128
-    pool_rows = 4096
-    pool = rnd(pool_rows, 512)
-    q = rnd(b, 64, 512)
-    idx = torch.randint(0, pool_rows, (b, window + topk), generator=g).to(device)
-    sink = rnd(64, dtype=torch.float32)
-    flops = b * 2 * 2 * 64 * (window + topk) * 512
-    out.append(("sparse_attention", (q, pool, idx, sink, 512 ** -0.5), b * ((window + topk) * 512 * 2 + 2 * 64 * 512 * 2),
-                flops, True))
+        out.append(Case(f"cache_write[{fmt}]", [(cache, slots, rnd(b, dim), fmt)],
+                        b * (dim * 2 + ops.record_bytes(fmt, dim)), in_place=True))
+    rotations = 1 if device == "cpu" else 4
+    for rows in ((8,) if quick or device == "cpu" else SPARSE_ROWS):
+        out.append(sparse_attention_case(rows, device, g, rotations))
     n_keys = 8192 if quick else 32768
     qi = ops.mxfp4_fake_quant(rnd(b, 32, 128))
     keys = ops.mxfp4_fake_quant(rnd(n_keys, 128))
-    out.append(("indexer_scores", (qi, rnd(b, 32, dtype=torch.float32), keys), n_keys * 68 + b * n_keys * 4,
-                b * 2 * 32 * 128 * n_keys, False))
+    out.append(Case("indexer_scores", [(qi, rnd(b, 32, dtype=torch.float32), keys)],
+                    n_keys * 128 * 2 + b * n_keys * 4, b * 2 * 32 * 128 * n_keys))
     scores = torch.randn(b, n_keys, generator=g).to(device)
-    out.append(("topk_indices", (scores, topk), b * n_keys * 4 + b * topk * 8, 0, False))
+    out.append(Case("topk_indices", [(scores, 512)], b * n_keys * 4 + b * 512 * 8))
     streams = rnd(b, 4, 5120)
-    out.append(("hc_coefficients", (streams, rnd(24, 4 * 5120, dtype=torch.float32), rnd(24, dtype=torch.float32),
-                                    rnd(3, dtype=torch.float32), 20, 1e-6, 1e-20),
-                b * 4 * 5120 * 2 + 24 * 4 * 5120 * 4, b * 2 * 24 * 4 * 5120, False))
-    out.append(("hc_collapse", (streams, rnd(b, 4, dtype=torch.float32)), b * 5 * 5120 * 2, 0, False))
-    out.append(("hc_expand", (streams, rnd(b, 5120), rnd(b, 4, dtype=torch.float32), rnd(b, 4, 4, dtype=torch.float32)),
-                b * 9 * 5120 * 2, 0, False))
-    out.append(("rms_norm", (rnd(b, 5120), rnd(5120), 1e-20), b * 2 * 5120 * 2, 0, False))
-    out.append(("sqrtsoftplus_route", (rnd(b, 384, dtype=torch.float32), rnd(384, dtype=torch.float32), 6, 1.5),
-                b * 384 * 4, 0, False))
+    out.append(Case("hc_coefficients", [(streams, rnd(24, 4 * 5120, dtype=torch.float32),
+                                         rnd(24, dtype=torch.float32), rnd(3, dtype=torch.float32), 20, 1e-6, 1e-20)],
+                    b * 4 * 5120 * 2 + 24 * 4 * 5120 * 4, b * 2 * 24 * 4 * 5120))
+    out.append(Case("hc_collapse", [(streams, rnd(b, 4, dtype=torch.float32))], b * 5 * 5120 * 2))
+    out.append(Case("hc_expand", [(streams, rnd(b, 5120), rnd(b, 4, dtype=torch.float32),
+                                   rnd(b, 4, 4, dtype=torch.float32))], b * 9 * 5120 * 2))
+    out.append(Case("rms_norm", [(rnd(b, 5120), rnd(5120), 1e-20)], b * 2 * 5120 * 2))
+    out.append(Case("sqrtsoftplus_route", [(rnd(b, 384, dtype=torch.float32), rnd(384, dtype=torch.float32), 6,
+                                            1.5)], b * 384 * 4))
     table, tscale = ops.quantize_fp8_rows(torch.randn(100_000 if quick else 1_000_000, 256, generator=g))
     ids = torch.randint(0, table.shape[0], (b, 48), generator=g)
-    out.append(("engram_gather", (table.to(device), tscale.to(device), ids.to(device), torch.bfloat16),
-                b * 48 * (264 + 512), 0, False))
+    out.append(Case("engram_gather", [(table.to(device), tscale.to(device), ids.to(device), torch.bfloat16)],
+                    b * 48 * (264 + 512)))
     return out
+
+
+def agrees(got, want, exact: bool) -> tuple[bool, str]:
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    want = want if isinstance(want, torch.Tensor) else want[0]
+    if exact or not got.dtype.is_floating_point:
+        same = torch.equal(got.view(torch.uint8) if got.dtype.itemsize == 1 else got,
+                           want.view(torch.uint8) if want.dtype.itemsize == 1 else want)
+        return same, "bit-exact" if same else "bits differ"
+    a, b = got.double().flatten(), want.double().flatten()
+    max_abs = (a - b).abs().max().item() if a.numel() else 0.0
+    cos = torch.nn.functional.cosine_similarity(a[None], b[None]).item() if a.numel() else 1.0
+    ok = torch.allclose(a, b, atol=2e-2, rtol=2e-2) and cos > 0.9999
+    return ok, f"max abs {max_abs:.2e}, cos {cos:.6f}"
+
+
+def attention_variants(device: str) -> dict:
+    """Named sparse-attention implementations to sweep: Triton tile configurations and both CUDA kernels."""
+    variants = {}
+    if device != "cuda":
+        return variants
+    from deepinfer_plugins.ops.backends.triton_kernels import attention as triton_attention
+
+    for hb, bk, warps, stages in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 16, 4, 2), (32, 32, 4, 2),
+                                  (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 1)):
+        for splits in (0, 1):
+            config = triton_attention.AttentionConfig(hb, bk, warps, stages, splits)
+            name = f"triton hb{hb} bk{bk} w{warps} s{stages} {'auto-split' if splits == 0 else 'no-split'}"
+            variants[name] = lambda *a, c=config: triton_attention.sparse_attention(*a, config=c)
+    try:
+        from deepinfer_plugins.ops.backends import cuda_backend
+    except Exception as exc:  # reported in the table instead of the CUDA rows
+        variants["cuda"] = exc
+        return variants
+    for kind in ("mma", "simt"):
+        fn = getattr(cuda_backend, f"sparse_attention_{kind}", None)
+        if fn is not None:
+            variants[f"cuda {kind}"] = fn
+    return variants
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--check", action="store_true", help="compare each backend with the reference first")
+    parser.add_argument("--sweep", action="store_true", help="also time every sparse-attention variant")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--matrix-tflops", type=float, default=989.0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.md"))
     args = parser.parse_args()
     device = args.device
-    bw = copy_bandwidth(device, (1 << 30) if device == "cuda" else (256 << 20))
+    timer = time_gpu if device == "cuda" else time_cpu
+    bw, mm = copy_bandwidth(device), matrix_rate(device)
+    print(json.dumps(dict(copy_GBps=round(bw / 1e9, 1), bf16_matmul_TFLOPs=round(mm / 1e12, 1))), flush=True)
+    sweep = attention_variants(device) if args.sweep else {}
     rows, failures = [], []
-    for name, call_args, nbytes, flops, compute_bound in cases(device, args.quick):
-        op_name = name.split("[")[0]
+    for case in cases(device, args.quick):
+        op_name = case.name.split("[")[0]
         op = getattr(ops, op_name)
-        backends = ops.registry.backends_of(op_name) if device != "cpu" else ["reference"]
+        impls = {"reference": op.reference}
+        if device != "cpu":
+            impls.update((b, ops.registry.ops[op_name].backends[b]) for b in ops.registry.backends_of(op_name)[1:])
+            if op_name == "sparse_attention":
+                impls.update(sweep)
+        first = case.args_list[0]
         ref_out = None
-        for backend in backends:
-            fn = op.reference if backend == "reference" else ops.registry.ops[op_name].backends[backend]
-            clone_first = op_name == "cache_write"
-
-            def run(fn=fn):
-                a = list(call_args)
-                if clone_first:
-                    a[0] = a[0].clone()
-                return fn(*a)
-
-            try:
-                result = run()
-            except Exception as exc:  # a backend that cannot run this shape is reported, not fatal
-                rows.append(dict(op=name, backend=backend, error=f"{type(exc).__name__}: {exc}"[:120]))
+        reference_seconds = None
+        for label, fn in impls.items():
+            if isinstance(fn, Exception):
+                rows.append(dict(op=case.name, backend=label, error=f"{type(fn).__name__}: {fn}"[:160]))
                 continue
-            if backend == "reference":
-                ref_out = result
-            elif args.check and ref_out is not None:
-                got = result if isinstance(result, torch.Tensor) else result[0]
-                want = ref_out if isinstance(ref_out, torch.Tensor) else ref_out[0]
-                if got.dtype.is_floating_point:
-                    ok = torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-                else:
-                    ok = torch.equal(got, want)
-                if not ok:
-                    failures.append(f"{name}/{backend}")
-            seconds = timeit(run, device)
-            achieved_bw = nbytes / seconds
-            frac = (flops / seconds) / (args.matrix_tflops * 1e12) if compute_bound else achieved_bw / bw
-            row = dict(op=name, backend=backend, us=round(seconds * 1e6, 2), MB=round(nbytes / 1e6, 3),
-                       GFLOP=round(flops / 1e9, 3), GBps=round(achieved_bw / 1e9, 2),
-                       ceiling="matrix" if compute_bound else "copy bw", fraction=round(frac, 4))
+            try:
+                check_args = (first[0].clone(),) + tuple(first[1:]) if case.in_place else first
+                result = fn(*check_args)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                verdict = ""
+                if label == "reference":
+                    ref_out = result
+                elif args.check and ref_out is not None:
+                    ok, verdict = agrees(result, ref_out, op_name in EXACT_OPS)
+                    if not ok:
+                        failures.append(f"{case.name}/{label} ({verdict})")
+                        verdict = "MISMATCH " + verdict
+                seconds = timer(fn, case.args_list)
+            except Exception as exc:  # a backend or configuration that cannot run this shape is reported
+                rows.append(dict(op=case.name, backend=label, error=f"{type(exc).__name__}: {exc}"[:160]))
+                print(json.dumps(rows[-1]), flush=True)
+                continue
+            if label == "reference":
+                reference_seconds = seconds
+            frac = (case.flops / seconds) / mm if case.compute_bound else (case.nbytes / seconds) / bw
+            row = dict(op=case.name, backend=label, us=round(seconds * 1e6, 2), MB=round(case.nbytes / 1e6, 3),
+                       GFLOP=round(case.flops / 1e9, 3), GBps=round(case.nbytes / seconds / 1e9, 1),
+                       TFLOPs=round(case.flops / seconds / 1e12, 1),
+                       ceiling="matrix" if case.compute_bound else "copy bw", fraction=round(frac, 3),
+                       vs_reference=round(reference_seconds / seconds, 2) if reference_seconds else None,
+                       check=verdict)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    header = (f"# Kernel benchmark ({device}, {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'})\n\n"
-              f"Measured copy bandwidth: {bw / 1e9:.1f} GB/s; matrix ceiling {args.matrix_tflops} TFLOP/s "
-              f"(sparse attention only). Generated by benchmarks/kernels.py"
-              f"{' --quick' if args.quick else ''}.\n\n"
-              "| op | backend | time (us) | MB moved | GFLOP | GB/s | ceiling | fraction |\n|---|---|---|---|---|---|---|---|\n")
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    header = (f"# Kernel benchmark ({device}, {name})\n\n"
+              f"Measured in this run: copy bandwidth {bw / 1e9:.1f} GB/s (read + write), dense bf16 matmul "
+              f"{mm / 1e12:.1f} TFLOP/s (8192^3 on a GPU, 1024^3 on a CPU). fraction = achieved / ceiling (matrix for sparse "
+              f"attention, copy bandwidth otherwise); speed-up = reference time / this time. Generated by "
+              f"benchmarks/kernels.py{' --quick' if args.quick else ''}{' --sweep' if args.sweep else ''}"
+              f"{' --check' if args.check else ''}.\n\n"
+              "| op | backend | time (us) | MB moved | GFLOP | GB/s | TFLOP/s | ceiling | fraction | speed-up | check |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r['op']} | {r['backend']} | " + (f"error: {r['error']} | | | | | |\n" if "error" in r else
-        f"{r['us']} | {r['MB']} | {r['GFLOP']} | {r['GBps']} | {r['ceiling']} | {r['fraction']} |\n") for r in rows)
+        f"| {r['op']} | {r['backend']} | " + (f"error: {r['error']} | | | | | | | | |\n" if "error" in r else
+        f"{r['us']} | {r['MB']} | {r['GFLOP']} | {r['GBps']} | {r['TFLOPs']} | {r['ceiling']} | {r['fraction']} | "
+        f"{r['vs_reference']} | {r['check']} |\n") for r in rows)
     if failures:
         body += f"\nMISMATCH vs reference: {', '.join(failures)}\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,59 @@
-"""Helpers for kernel-vs-reference tests: the Triton interpreter switch, fresh seeds, poisoned outputs and a
-comparator that points at the worst element (FlashMLA ``compare.py`` style).
+"""Helpers for kernel-vs-reference tests: the Triton interpreter switch, the test device, fresh seeds, poisoned
+outputs and a comparator that points at the worst element (FlashMLA ``compare.py`` style).
 
-Importing this module turns the Triton interpreter on (before any kernel is decorated), so it must be imported
-before ``deepinfer_plugins.ops.backends.triton_kernels``.
+``DEEPINFER_TEST_DEVICE`` (default ``cpu``) picks where kernels run. On ``cpu``, importing this module turns the
+Triton interpreter on (before any kernel is decorated), so it must be imported before
+``deepinfer_plugins.ops.backends.triton_kernels``. On ``cuda`` the same tests run the compiled kernels: tests
+build inputs and references on the CPU and call kernels through ``on_test_device``.
 """
 
 from __future__ import annotations
 
 import os
+import types
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+TEST_DEVICE = os.environ.get("DEEPINFER_TEST_DEVICE", "cpu")
+if TEST_DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
+if TEST_DEVICE != "cpu" and not torch.cuda.is_available():
+    pytest.skip(f"DEEPINFER_TEST_DEVICE={TEST_DEVICE} but torch sees no GPU", allow_module_level=True)
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+class on_test_device(types.SimpleNamespace):
+    """A kernel module whose launchers run on TEST_DEVICE: tensor arguments are copied there, results come back
+    to the CPU, and arguments a kernel wrote in place are copied back, so one test reads the same on any device."""
+
+    def __init__(self, module: types.ModuleType):
+        super().__init__(module=module)
+
+    def __getattr__(self, name):
+        fn = getattr(self.module, name)
+        if TEST_DEVICE == "cpu" or not callable(fn):
+            return fn
+
+        def call(*args, **kwargs):
+            moved = [_to(a, TEST_DEVICE) for a in args]
+            result = fn(*moved, **{k: _to(v, TEST_DEVICE) for k, v in kwargs.items()})
+            torch.cuda.synchronize()
+            for original, copy in zip(args, moved):
+                if isinstance(original, torch.Tensor):
+                    original.copy_(copy.cpu())
+            return _to(result, "cpu")
+
+        return call
 
 
 def fresh_generator(request) -> torch.Generator:

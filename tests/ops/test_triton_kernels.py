@@ -1,4 +1,5 @@
-"""Every Triton kernel against its PyTorch reference under the Triton interpreter (CPU tensors).
+"""Every Triton kernel against its PyTorch reference: under the Triton interpreter (CPU tensors) by default,
+compiled on a GPU with ``DEEPINFER_TEST_DEVICE=cuda`` (benchmarks/device_check.sh).
 
 Guarantees: quantisers, cache records, dequantisers, RoPE, the Engram hash and top-k selections are bit-exact
 (ids equal, ties to the lower id); attention, indexer, mHC, norms and gates match within the stated
@@ -12,10 +13,12 @@ import math
 import pytest
 import torch
 
-from .kernel_compare import assert_bits_equal, assert_close, gen, poison_outputs  # noqa: F401  (fixtures)
+from .kernel_compare import assert_bits_equal, assert_close, gen, on_test_device, poison_outputs  # noqa: F401
 
 from deepinfer_plugins import ops  # noqa: E402
 from deepinfer_plugins.ops.backends.triton_kernels import attention, indexer, mhc, misc, quant  # noqa: E402
+
+attention, indexer, mhc, misc, quant = map(on_test_device, (attention, indexer, mhc, misc, quant))
 
 
 def spread(shape, g, dtype=torch.float32):
@@ -110,6 +113,23 @@ def test_sparse_attention(t, h, d, k, dtype, gen):
     assert (got[0] == 0).all()
     atol, rtol = ATTN_TOL[dtype]
     assert_close(got, want, atol=atol, rtol=rtol, cos=1e-4)
+
+
+@pytest.mark.parametrize("splits,head_block,key_block", [(3, 16, 16), (2, 32, 16), (5, 16, 16)])
+def test_sparse_attention_key_splits(splits, head_block, key_block, gen):
+    """Flash-decoding splits: partial softmax states combined with the sink, including splits whose keys are
+    all -1 (row 1 keeps only its first keys) and a row with no key at all (zeros)."""
+    t, h, d, k = 3, 20, 64, 75
+    pool = torch.randn(50, d, generator=gen)
+    q = torch.randn(t, h, d, generator=gen) * 2
+    sink = torch.randn(h, generator=gen)
+    idx = torch.randint(0, 50, (t, k), generator=gen)
+    idx[1, 10:] = -1
+    idx[2] = -1
+    config = attention.AttentionConfig(head_block=head_block, key_block=key_block, splits=splits)
+    got = attention.sparse_attention(q, pool, idx, sink, 0.2, config=config)
+    assert (got[2] == 0).all()
+    assert_close(got, ops.sparse_attention.reference(q, pool, idx, sink, 0.2), atol=2e-5, rtol=1e-5)
 
 
 def test_sparse_attention_multi_token_verify_over_a_wrapped_window(gen):

@@ -12,10 +12,12 @@ import logging
 import pytest
 import torch
 
-from .kernel_compare import triton  # noqa: F401  (turns the interpreter on, skips without Triton)
+from .kernel_compare import TEST_DEVICE, triton  # noqa: F401  (turns the interpreter on, skips without Triton)
 
 from deepinfer_plugins import ops  # noqa: E402
 from deepinfer_plugins.ops.backends import triton_backend  # noqa: E402
+
+from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM  # noqa: E402
 
 from ..conftest import prompt  # noqa: E402
 
@@ -75,3 +77,19 @@ def test_tiny_model_incremental_decode_with_triton(tiny256, monkeypatch):
     got = torch.cat([tiny256(ids[:9], cache)] + [tiny256(ids[i:i + 1], cache) for i in range(9, 12)])
     print(f"max |logit diff| {(got - want).abs().max().item():.3e}")
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+
+
+@pytest.mark.skipif(TEST_DEVICE != "cuda", reason="GPU run: DEEPINFER_TEST_DEVICE=cuda (benchmarks/device_check.sh)")
+def test_tiny_model_on_gpu_matches_cpu_reference(tiny256_dir, tiny256, monkeypatch):
+    """The default GPU selection (CUDA kernels first, then Triton) against the CPU reference: prefill 9 tokens,
+    decode 3, same tolerance as the interpreter runs above."""
+    monkeypatch.delenv("DEEPINFER_OP_BACKEND", raising=False)
+    ids = prompt(12, 5)
+    want = tiny256(ids)
+    gpu = DeepseekV41ForCausalLM.from_pretrained(tiny256_dir, device="cuda")
+    cache = gpu.new_cache()
+    ids_gpu = ids.cuda()
+    got = torch.cat([gpu(ids_gpu[:9], cache)] + [gpu(ids_gpu[i:i + 1], cache) for i in range(9, 12)]).cpu()
+    print(f"max |logit diff| GPU vs CPU reference {(got - want).abs().max().item():.3e}")
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

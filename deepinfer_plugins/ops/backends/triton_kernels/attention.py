@@ -1,12 +1,18 @@
 """Sparse MQA with a sink over per-query key sets: single-token decode and multi-token (DSpark) verification.
 
-One program per (query row, block of heads); keys are gathered by index from the pool (K = V, one latent
-shared by all heads), with an online softmax whose running max and sum start at the sink logit (its value
-vector is zero). Rows of any number of queries per sequence are independent, so verification of s_q draft
-tokens is the same launch with s_q rows.
+One program per (query row, block of heads, key split); keys are gathered by index from the pool (K = V, one
+latent shared by all heads), with an online softmax. Rows of any number of queries per sequence are
+independent, so verification of s_q draft tokens is the same launch with s_q rows.
+
+Decode batches are small: T rows x H/HB head blocks can leave most multiprocessors idle, so the key set is
+split (flash-decoding): each split writes its unnormalised partial output with its running max and sum, and a
+combine kernel folds the splits and the sink together. With one split the sink seeds the running max and sum
+(its value vector is zero) and the output is written directly.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -14,24 +20,50 @@ import triton.language as tl
 
 from .common import INTERPRETED, empty, next_pow2
 
+EMPTY_MAX = -1.0e30  # running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tile sizes and launch shape. ``splits`` = 0 picks a split count from the grid size."""
+
+    head_block: int = 16
+    key_block: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    splits: int = 0
+
+
+# Compiled default; benchmarks/kernels.py --sweep times the alternatives on the GPU at hand.
+DEFAULT_CONFIG = AttentionConfig()
+TARGET_PROGRAMS = 264  # two waves of an H200's 132 multiprocessors
+
 
 @triton.jit
-def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, H, D, K, softmax_scale,
-                             HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr, PV_FP32: tl.constexpr):
+def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, part_ptr, stat_ptr, H, D, K, keys_per_split,
+                             softmax_scale, HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr,
+                             PV_FP32: tl.constexpr, SPLIT: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)  # [HB]
+    split = tl.program_id(2)
     d = tl.arange(0, DP)
     hmask = h < H
     qmask = hmask[:, None] & (d[None, :] < D)
     q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=qmask, other=0.0)  # [HB, DP]
     if PV_FP32:
         q = q.to(tl.float32)
-    m = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)  # running max starts at the sink logit
-    l = tl.full([HB], 1.0, tl.float32)  # exp(sink - m) = 1
+    if SPLIT:
+        m = tl.full([HB], EMPTY_MAX, tl.float32)
+        l = tl.zeros([HB], tl.float32)
+    else:
+        m = tl.load(sink_ptr + h, mask=hmask, other=0.0).to(tl.float32)  # running max starts at the sink logit
+        l = tl.full([HB], 1.0, tl.float32)  # exp(sink - m) = 1
     acc = tl.zeros([HB, DP], tl.float32)
-    for k0 in range(0, K, BK):
+    k_begin = split * keys_per_split
+    k_end = tl.minimum(k_begin + keys_per_split, K)
+    for k0 in range(k_begin, k_end, BK):
         kk = k0 + tl.arange(0, BK)
-        idx = tl.load(idx_ptr + t * K + kk, mask=kk < K, other=-1).to(tl.int64)  # [BK]
+        idx = tl.load(idx_ptr + t * K + kk, mask=kk < k_end, other=-1).to(tl.int64)  # [BK]
         valid = idx >= 0
         keys = tl.load(kv_ptr + tl.maximum(idx, 0)[:, None] * D + d[None, :],
                        mask=valid[:, None] & (d[None, :] < D), other=0.0)  # [BK, DP]
@@ -50,12 +82,48 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, H, D, K, s
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(keys.dtype), keys)
         m = m_new
-    o = acc / l[:, None]
-    tl.store(o_ptr + (t * H + h)[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=qmask)
+    if SPLIT:
+        n_splits = tl.num_programs(2)
+        row = (t * n_splits + split) * H + h  # partials [T, splits, H, D], stats [T, splits, H, 2]
+        tl.store(part_ptr + row[:, None] * D + d[None, :], acc, mask=qmask)
+        tl.store(stat_ptr + row * 2, m, mask=hmask)
+        tl.store(stat_ptr + row * 2 + 1, l, mask=hmask)
+    else:
+        o = acc / l[:, None]
+        tl.store(o_ptr + (t * H + h)[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, H, D, SPLITS: tl.constexpr, SP: tl.constexpr,
+                           DP: tl.constexpr):
+    """o[t, h] = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s), M = max(sink, m_s)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SP)
+    d = tl.arange(0, DP)
+    smask = s < SPLITS
+    row = (t * SPLITS + s) * H + h  # [SP]
+    m = tl.load(stat_ptr + row * 2, mask=smask, other=EMPTY_MAX)
+    l = tl.load(stat_ptr + row * 2 + 1, mask=smask, other=0.0)
+    sink = tl.load(sink_ptr + h).to(tl.float32)
+    top = tl.maximum(tl.max(m, axis=0), sink)
+    w = tl.exp(m - top)  # [SP]
+    denominator = tl.exp(sink - top) + tl.sum(w * l, axis=0)
+    acc = tl.load(part_ptr + row[:, None] * D + d[None, :], mask=smask[:, None] & (d[None, :] < D), other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / denominator
+    tl.store(o_ptr + (t * H + h) * D + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+
+
+def split_count(t: int, head_blocks: int, k: int, key_block: int) -> int:
+    """Enough key splits to fill TARGET_PROGRAMS, each split at least two key blocks long."""
+    programs = t * head_blocks
+    if programs >= TARGET_PROGRAMS:
+        return 1
+    return max(1, min(-(-TARGET_PROGRAMS // programs), k // (2 * key_block)))
 
 
 def sparse_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor,
-                     softmax_scale: float) -> torch.Tensor:
+                     softmax_scale: float, config: AttentionConfig | None = None) -> torch.Tensor:
     """q [T, H, D]; kv_pool [P, D]; indices [T, K] (-1 = unused); sink [H] -> o [T, H, D] in q's dtype."""
     t, h, d = q.shape
     out = empty(q.shape, q.dtype, q.device)
@@ -63,11 +131,31 @@ def sparse_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tens
         return out
     k = indices.shape[1]
     kv_pool = kv_pool.to(q.dtype).contiguous()
-    hb = max(16, min(next_pow2(h), 16 if not INTERPRETED else 64))
+    sink = sink.float().contiguous()
     dp = max(16, next_pow2(d))
-    bk = max(16, min(next_pow2(k), 32 if not INTERPRETED else 512))
     pv_fp32 = INTERPRETED or q.dtype == torch.float32
-    _sparse_attention_kernel[(t, triton.cdiv(h, hb))](
-        q.contiguous(), kv_pool, indices.contiguous(), sink.float().contiguous(), out, h, d, k, float(softmax_scale),
-        HB=hb, DP=dp, BK=bk, PV_FP32=pv_fp32)
+    if INTERPRETED:  # the interpreter's cost is per program: one wide tile, no splits unless asked
+        config = config or AttentionConfig(head_block=64, key_block=512, splits=1)
+    config = config or DEFAULT_CONFIG
+    hb = max(16, min(next_pow2(h), config.head_block))
+    bk = max(16, min(next_pow2(k), config.key_block))
+    head_blocks = triton.cdiv(h, hb)
+    splits = config.splits or split_count(t, head_blocks, k, bk)
+    splits = max(1, min(splits, triton.cdiv(k, bk)))
+    keys_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
+    splits = triton.cdiv(k, keys_per_split)
+    launch = dict(HB=hb, DP=dp, BK=bk, PV_FP32=pv_fp32, SPLIT=splits > 1)
+    if not INTERPRETED:
+        launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
+    q, indices = q.contiguous(), indices.contiguous()
+    if splits == 1:
+        _sparse_attention_kernel[(t, head_blocks, 1)](q, kv_pool, indices, sink, out, out, sink, h, d, k, k,
+                                                      float(softmax_scale), **launch)
+        return out
+    partials = torch.empty(t, splits, h, d, dtype=torch.float32, device=q.device)
+    stats = torch.empty(t, splits, h, 2, dtype=torch.float32, device=q.device)
+    _sparse_attention_kernel[(t, head_blocks, splits)](q, kv_pool, indices, sink, out, partials, stats, h, d, k,
+                                                       keys_per_split, float(softmax_scale), **launch)
+    _combine_splits_kernel[(t, h)](partials, stats, sink, out, h, d, SPLITS=splits, SP=next_pow2(splits),
+                                   DP=dp)
     return out
