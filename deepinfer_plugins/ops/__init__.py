@@ -48,3 +48,13 @@ __all__ += [
     "CACHE_FORMATS", "cache_gather", "cache_write", "csa2_compress", "engram_gate", "engram_gather",
     "pack_cache_records", "record_bytes", "unpack_cache_records",
 ]
+
+# Fused indexer selection (scores + masks + top-k), the op the Ascend lightning indexer maps onto.
+from .indexer import indexer_topk
+
+__all__ += ["indexer_topk"]
+
+# Weight-quantised GEMMs (DeepGEMM / FlashInfer backends on CUDA).
+from .gemm import linear_fp4, linear_fp8
+
+__all__ += ["linear_fp4", "linear_fp8"]

@@ -5,8 +5,8 @@ Backends are discovered through pluggy: every module named in the ``deepinfer.op
 ``registry.register_backend``. Discovery is lazy (first dispatch) so that importing the package never imports
 Triton, a compiled extension or ``torch_npu``. A backend that cannot load is skipped with one INFO line.
 
-Selection, per call, by the device of the first tensor argument: ``cuda`` tries cuda then triton, ``npu`` tries
-ascend, everything falls back to ``reference``. ``DEEPINFER_OP_BACKEND`` forces a choice: either one backend
+Selection, per call, by the device of the first tensor argument: ``cuda`` tries the upstream wrappers (deepgemm,
+flashinfer), then our cuda kernels, then triton; ``npu`` tries ascend; everything falls back to ``reference``. ``DEEPINFER_OP_BACKEND`` forces a choice: either one backend
 name for every op (``triton``) or a comma list of ``op=backend`` pairs (``fp8_quant=triton,sinkhorn=reference``).
 """
 
@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "deepinfer.op_backends"
 hookspec = pluggy.HookspecMarker("deepinfer")
 hookimpl = pluggy.HookimplMarker("deepinfer")
 
-DEVICE_PREFERENCE = {"cuda": ("cuda", "triton"), "npu": ("ascend",), "cpu": ()}
+DEVICE_PREFERENCE = {"cuda": ("deepgemm", "flashinfer", "cuda", "triton"), "npu": ("ascend",), "cpu": ()}
 
 
 class OpBackendError(RuntimeError):

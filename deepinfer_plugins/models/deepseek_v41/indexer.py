@@ -42,13 +42,15 @@ class Indexer(nn.Module):
         """x [q, d], q_latent [q, q_lora_rank] -> selected entry ids [q, index_topk] ascending, -1 padded."""
         q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
         head_weights = self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
-        scores = ops.indexer_scores(q, head_weights, source.index_keys.rows)  # [q, N]
+        keys = source.index_keys.rows  # [N, index_head_dim]
         visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
+        if not self.is_candidate_source:  # selection only: one fused op (Ascend: npu_lightning_indexer)
+            candidates = published["candidates"][-q.shape[0]:] if self.uses_candidates else None
+            return ops.indexer_topk(q, head_weights, keys, visible, self.args.index_topk, candidates)
+        # the candidate source also publishes its block pre-filter, which needs the scores themselves
+        scores = ops.indexer_scores(q, head_weights, keys)  # [q, N]
         entry = torch.arange(scores.shape[1], device=scores.device)
         scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
-        if self.is_candidate_source:
-            published["candidates"] = ops.candidate_mask(
-                scores, visible, self.args.candidate_block_size, self.args.candidate_topk_blocks)
-        if self.uses_candidates:
-            scores = scores.masked_fill(~published["candidates"][-scores.shape[0]:], float("-inf"))
+        published["candidates"] = ops.candidate_mask(
+            scores, visible, self.args.candidate_block_size, self.args.candidate_topk_blocks)
         return ops.topk_indices(scores, self.args.index_topk)

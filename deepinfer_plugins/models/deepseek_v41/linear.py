@@ -5,9 +5,10 @@ official tensors and nothing is dequantised at load:
   * float weight (bf16 / fp32): plain matmul;
   * FP8 E4M3 weight + ``scale`` (E8M0, one per 32x32 block): dense checkpoint layers;
   * FP4 E2M1 weight packed two per int8 + ``scale`` (E8M0, one per row and 32 columns): routed experts.
-Quantised weights are dequantised on the fly, per call, into the activation dtype. At full scale that keeps
-the FP4 experts at 0.53 bytes per parameter (dequantising them at load to bf16 would need ~1.1 TB instead of
-~289 GB); the cost is one dequantisation per use, which the CUDA / Ascend GEMM backends avoid entirely.
+Quantised weights go through the ``linear_fp8`` / ``linear_fp4`` ops: the reference dequantises on the fly, per
+call, into the activation dtype. At full scale that keeps the FP4 experts at 0.53 bytes per parameter
+(dequantising them at load to bf16 would need ~1.1 TB instead of ~289 GB); the cost is one dequantisation per
+use, which the DeepGEMM / FlashInfer backends avoid by feeding the stored weight to a block-scaled GEMM.
 On a CPU with memory to spare, ``keep_dense`` trades memory for speed: the dequantised weight is kept.
 """
 
@@ -59,7 +60,14 @@ class Linear(nn.Module):
         return self.weight.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.dense_weight(x.dtype).t()
+        dense = getattr(self, "dense", None)
+        if dense is not None and dense.dtype == x.dtype:
+            return x @ dense.t()
+        if self.fmt == "fp8":
+            return ops.linear_fp8(x, self.weight, self.scale)
+        if self.fmt == "fp4":
+            return ops.linear_fp4(x, self.weight, self.scale)
+        return x @ self.weight.to(x.dtype).t()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, fmt={self.fmt}"

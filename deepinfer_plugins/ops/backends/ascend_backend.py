@@ -3,13 +3,40 @@
 ``torch_npu`` is imported inside each call, never at import or discovery, so this module loads on any machine.
 It registers only where ``torch.npu`` exists (torch_npu installed and its backend auto-loaded); elsewhere the
 registry logs one INFO line. Ops without a fused NPU op run the reference, which is plain torch and runs on
-NPU tensors as is.
+NPU tensors as is; so does a mapped op called outside the NPU op's documented limits (dtype, n, D, k).
 
-Mappings (none has run on Ascend hardware; kernels/ascend/tests check the calls with a fake torch_npu):
+Mappings (none has run on Ascend hardware; kernels/ascend/tests check the calls with a fake torch_npu that
+computes each op's documented formula). "Documented" = the torch_npu API page (prototype, formula, shapes);
+where the op-plugin's own CPU golden was the only source, the line says so.
   * sparse_attention -> npu_sparse_flash_attention, layout TND, key = value = the latent pool, sparse_block_size 1,
     with the softmax LSE returned; the sink (not an NPU argument) is folded in afterwards:
     o = o_nosink * sigmoid(lse - sink), exact for a sink whose value vector is zero.
-  * sinkhorn -> npu_mhc_sinkhorn on the softmax of the logits (fp32 [T, n, n], n in {4, 6, 8}), num_iters = iters.
+  * sinkhorn -> npu_mhc_sinkhorn(logits fp32 [T, n, n], eps, num_iters), n in {4, 6, 8}. Documented: the op starts
+    with softmax(x, dim=-1) + eps, so it takes the logits, and returns (y, norm_out, sum_out).
+  * hc_coefficients -> npu_mhc_pre(x, phi=fn, alpha=scale, bias=base, norm_eps, hc_eps, out_flag=1) then
+    npu_mhc_sinkhorn on its h_res. Documented: h_mix = x @ phi^T before the RMS factor (our order),
+    h_pre = sigmoid(.) + hc_eps and h_post = 2 sigmoid(.) (our pre/post), h_res = the comb logits without
+    Sinkhorn, fn rows ordered pre, post, res; h_pre only exists with out_flag=1; x only bf16/fp16, n in {4, 6, 8},
+    D a multiple of 16 up to 16384. Its h_in (the collapse) is dropped: the model collapses each site's streams
+    with the pre weights of the previous site (model.py), so hc_collapse stays on the reference.
+  * hc_expand -> npu_mhc_post(x=streams, h_res=comb, h_out=out, h_post=post), documented as
+    x' = H_res^T x + h_out (x) h_post (the op-plugin golden sums h_res[i, o] * x[i] over i, our comb[i, o]);
+    x and h_out bf16/fp16 of one dtype, result in x's dtype.
+  * sqrtsoftplus_route stays on the reference. npu_moe_gating_top_k scores with softmax (norm_type 0) or sigmoid
+    (norm_type 1) only, and no mode takes scores as they are. softmax(log s) = s / sum(s) would need the bias
+    divided by a per-token sum, but the op's bias is one [E] vector; sigmoid(logit(s / c)) = s / c holds only up
+    to fp32 rounding, which can swap two experts whose biased scores are that close. The router is [T, 256] with
+    k = 6: a few torch ops, not worth an inexact selection.
+  * indexer_topk -> npu_lightning_indexer, opt-in with DEEPINFER_ASCEND_LIGHTNING_INDEXER=1. Each query is its own
+    batch (BSND, S1 = 1) over one paged copy of the key pool (PA_BSND, every block table row the same pages),
+    actual_seq_lengths_key = visible, sparse_mode 0, sparse_count = k; the ids come back [T, 1, 1, k] int32.
+    Documented: the formula (our indexer_scores), N1 <= 64, D = 128, key block size a multiple of 16 up to 1024,
+    sparse_count <= 2048, per-batch (not cumulative) key lengths for PA_BSND. Not documented, hence opt-in: how a
+    tie at the k-th score is broken (we take the lower id) and that the NPU's summation order never moves a
+    near-tie; the order of the returned ids and the value of unused slots (third-party goldens say descending
+    and -1) are not relied on: ids outside [0, visible) become -1 and the row is sorted ascending. Layers with a
+    candidate mask, which the op cannot take, run the reference. q and keys are cast to bf16, exact for the
+    MXFP4-quantised values the op contract promises (2 mantissa bits).
   * fp8_fake_quant / mxfp4_fake_quant -> npu_dynamic_mx_quant (block 32, round mode "rint"), opt-in with
     DEEPINFER_ASCEND_MX_QUANT=1 because whether its UE8M0 rule is DeepGEMM's ceil (ours) or OCP's floor is not
     documented; the result is dequantised with the returned scales.
@@ -21,7 +48,13 @@ import os
 
 import torch
 
+from .. import reference
+from ..indexer import indexer_topk as indexer_topk_op
 from ..registry import hookimpl
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+MHC_STREAMS = (4, 6, 8)
+PAGE_ROWS = 128  # key rows per PA_BSND block: a multiple of 16, at most 1024
 
 
 def _npu():
@@ -45,9 +78,48 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
 
 
 def sinkhorn(logits, iters, eps):
-    npu = _npu()
-    m = logits.float().softmax(dim=-1).contiguous()  # [T, n, n]; the NPU op normalises from here
-    return npu.npu_mhc_sinkhorn(m, eps=float(eps), num_iters=int(iters))
+    n = logits.shape[-1]
+    if n not in MHC_STREAMS or logits.shape[-2] != n or not 1 <= iters <= 100:
+        return reference.sinkhorn.reference(logits, iters, eps)
+    mixing, _, _ = _npu().npu_mhc_sinkhorn(logits.float().contiguous(), eps=float(eps), num_iters=int(iters))
+    return mixing
+
+
+def hc_coefficients(streams, fn, base, scale, iters, hc_eps, norm_eps):
+    _, n_streams, width = streams.shape
+    if streams.dtype not in HALF_DTYPES or n_streams not in MHC_STREAMS or width % 16 or width > 16384:
+        return reference.hc_coefficients.reference(streams, fn, base, scale, iters, hc_eps, norm_eps)
+    _, post, comb_logits, _, _, pre = _npu().npu_mhc_pre(
+        streams, fn.float(), scale.float(), base.float(), norm_eps=float(norm_eps), hc_eps=float(hc_eps), out_flag=1)
+    return pre, post, sinkhorn(comb_logits, iters, hc_eps)
+
+
+def hc_expand(streams, out, post, comb):
+    if streams.dtype not in HALF_DTYPES or out.dtype != streams.dtype:
+        return reference.hc_expand.reference(streams, out, post, comb)
+    return _npu().npu_mhc_post(streams, comb.float(), out, post.float())
+
+
+def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+    t, heads, dim = q.shape
+    n_entries = keys.shape[0]
+    if candidates is not None or heads > 64 or dim != 128 or not 1 <= k <= 2048 or t == 0 or n_entries == 0:
+        return indexer_topk_op.reference(q, head_weights, keys, visible, k, candidates)
+    n_pages = -(-n_entries // PAGE_ROWS)
+    pages = keys.new_zeros(n_pages * PAGE_ROWS, dim, dtype=torch.bfloat16)
+    pages[:n_entries] = keys
+    block_table = torch.arange(n_pages, dtype=torch.int32, device=q.device).expand(t, n_pages).contiguous()
+    key_lengths = visible.clamp(0, n_entries).to(torch.int32)
+    ids, _ = _npu().npu_lightning_indexer(
+        q.to(torch.bfloat16).unsqueeze(1).contiguous(), pages.view(n_pages, PAGE_ROWS, 1, dim),
+        head_weights.float().unsqueeze(1).contiguous(),
+        actual_seq_lengths_query=torch.ones(t, dtype=torch.int32, device=q.device),
+        actual_seq_lengths_key=key_lengths, block_table=block_table, layout_query="BSND", layout_key="PA_BSND",
+        sparse_count=int(k), sparse_mode=0)
+    ids = ids.reshape(t, k).long()
+    chosen = (ids >= 0) & (ids < key_lengths[:, None])
+    ids = torch.where(chosen, ids, n_entries).sort(dim=-1).values  # unused slots last, whatever the NPU put there
+    return torch.where(ids == n_entries, -1, ids)
 
 
 def _mx_fake_quant(x, block, dst_type):
@@ -74,6 +146,10 @@ def deepinfer_register_ops(registry) -> None:
         return
     registry.register_backend("sparse_attention", "ascend", sparse_attention)
     registry.register_backend("sinkhorn", "ascend", sinkhorn)
+    registry.register_backend("hc_coefficients", "ascend", hc_coefficients)
+    registry.register_backend("hc_expand", "ascend", hc_expand)
+    if os.environ.get("DEEPINFER_ASCEND_LIGHTNING_INDEXER") == "1":
+        registry.register_backend("indexer_topk", "ascend", indexer_topk)
     if os.environ.get("DEEPINFER_ASCEND_MX_QUANT") == "1":
         registry.register_backend("fp8_fake_quant", "ascend", fp8_fake_quant)
         registry.register_backend("mxfp4_fake_quant", "ascend", mxfp4_fake_quant)

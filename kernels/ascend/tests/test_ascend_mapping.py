@@ -1,9 +1,12 @@
 """The Ascend backend calls torch_npu the documented way, and its post-processing is exact.
 
 A fake ``torch_npu`` in sys.modules records each call (op name, argument layouts, dtypes, keyword arguments)
-and computes the op's documented math with the references; the backend's result must equal the reference op.
-Nothing here runs an NPU: what this proves is the call contract as we read the docs, and our own glue math
-(the sink fold-in, the softmax before Sinkhorn, the MX dequantisation).
+and computes the op's documented formula (written out here, or with a reference where the doc defines the op
+as that math); the backend's result must equal the reference op. Nothing here runs an NPU: what this proves is
+the call contract as we read the docs, and our own glue (the sink fold-in, the mHC output selection, the
+indexer's paging and its order- and fill-independent post-processing, the MX dequantisation). Where a fact is
+not documented (the lightning indexer's tie rule, its unused-slot value), the fake states the assumption and
+the tests show which results depend on it.
 """
 
 import sys
@@ -20,6 +23,8 @@ class FakeNpu(types.ModuleType):
     def __init__(self):
         super().__init__("torch_npu")
         self.calls = []
+        self.unused_slot = -1  # what the lightning indexer leaves in slots past the visible entries
+        self.shuffle_output = False  # whether it returns its ids in some order other than by score
 
     def npu_sparse_flash_attention(self, query, key, value, *, sparse_indices, scale_value, sparse_block_size,
                                    layout_query, layout_kv, return_softmax_lse):
@@ -36,12 +41,58 @@ class FakeNpu(types.ModuleType):
 
     def npu_mhc_sinkhorn(self, x, *, eps, num_iters):
         self.calls.append(("npu_mhc_sinkhorn", x.shape, x.dtype, eps, num_iters))
-        m = x + eps
+        m = torch.softmax(x, dim=-1) + eps  # documented first step: the op takes the logits
         m = m / (m.sum(dim=-2, keepdim=True) + eps)
         for _ in range(num_iters - 1):
             m = m / (m.sum(dim=-1, keepdim=True) + eps)
             m = m / (m.sum(dim=-2, keepdim=True) + eps)
-        return m
+        return m, torch.empty(0), torch.empty(0)  # norm_out and sum_out are only filled with out_flag=1
+
+    def npu_mhc_pre(self, x, phi, alpha, bias, *, gamma=None, norm_eps=1e-6, hc_eps=1e-6, out_flag=0):
+        self.calls.append(("npu_mhc_pre", x.shape, x.dtype, phi.shape, phi.dtype, alpha.shape, bias.shape, gamma,
+                           norm_eps, hc_eps, out_flag))
+        assert x.dtype in (torch.bfloat16, torch.float16) and phi.dtype == alpha.dtype == bias.dtype == torch.float32
+        t, n, d = x.shape
+        flat = x.reshape(t, n * d).float()
+        inv_rms = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+        h_mix = torch.nn.functional.linear(flat, phi)
+        h_pre, h_post, h_res = (h_mix * inv_rms).split([n, n, n * n], dim=-1)
+        h_pre = torch.sigmoid(h_pre * alpha[0] + bias[:n]) + hc_eps
+        h_post = 2 * torch.sigmoid(h_post * alpha[1] + bias[n:2 * n])
+        h_res = (h_res * alpha[2] + bias[2 * n:]).unflatten(-1, (n, n))
+        h_in = (h_pre[:, :, None] * flat.unflatten(-1, (n, d))).sum(1).to(x.dtype)
+        if not out_flag:
+            return h_in, h_post, h_res, torch.empty(0), torch.empty(0), torch.empty(0)
+        return h_in, h_post, h_res, inv_rms[:, 0], h_mix, h_pre
+
+    def npu_mhc_post(self, x, h_res, h_out, h_post):
+        self.calls.append(("npu_mhc_post", x.shape, x.dtype, h_res.shape, h_res.dtype, h_out.shape, h_out.dtype,
+                           h_post.shape, h_post.dtype))
+        assert x.dtype == h_out.dtype and h_res.dtype == h_post.dtype == torch.float32
+        mixed = (h_res[..., None] * x.float()[..., None, :]).sum(dim=-3)  # sum_i h_res[i, o] * x[i]
+        return (h_post[..., None] * h_out.float()[..., None, :] + mixed).to(x.dtype)
+
+    def npu_lightning_indexer(self, query, key, weights, *, actual_seq_lengths_query, actual_seq_lengths_key,
+                              block_table, layout_query, layout_key, sparse_count, sparse_mode):
+        self.calls.append(dict(query=(query.shape, query.dtype), key=(key.shape, key.dtype),
+                               weights=(weights.shape, weights.dtype),
+                               block_table=(block_table.shape, block_table.dtype),
+                               actual_seq_lengths_query=actual_seq_lengths_query.tolist(),
+                               actual_seq_lengths_key=(actual_seq_lengths_key.tolist(), actual_seq_lengths_key.dtype),
+                               layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
+                               sparse_mode=sparse_mode))
+        batch, s1, heads, dim = query.shape
+        out = torch.full((batch, s1, 1, sparse_count), self.unused_slot, dtype=torch.int32)
+        for b in range(batch):
+            length = int(actual_seq_lengths_key[b])
+            rows = key[block_table[b].long()].reshape(-1, dim)[:length].float()  # this batch's pages, in order
+            dots = torch.einsum("hd,nd->hn", query[b, 0].float(), rows).relu()
+            scores = (weights[b, 0].float()[:, None] * dots).sum(0)
+            order = scores.sort(descending=True, stable=True).indices[:sparse_count]  # ties: lower id first
+            if self.shuffle_output:
+                order = order[torch.randperm(order.numel(), generator=torch.Generator().manual_seed(b))]
+            out[b, 0, 0, :order.numel()] = order.to(torch.int32)
+        return out, torch.empty(0)
 
     def npu_dynamic_mx_quant(self, x, *, axis, round_mode, dst_type, block_size):
         self.calls.append(("npu_dynamic_mx_quant", x.shape, axis, round_mode, dst_type, block_size))
@@ -86,12 +137,164 @@ def test_sinkhorn_call(npu):
     torch.testing.assert_close(out, ops.sinkhorn.reference(logits, 20, 1e-6), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("shape,iters", [((5, 5, 5), 20), ((5, 4, 6), 20), ((5, 4, 4), 101)])
+def test_sinkhorn_outside_the_op_limits_runs_the_reference(npu, shape, iters):
+    logits = torch.randn(shape)
+    assert torch.equal(ascend_backend.sinkhorn(logits, iters, 1e-6), ops.sinkhorn.reference(logits, iters, 1e-6))
+    assert npu.calls == []
+
+
+def mhc_site(t=5, n=4, d=64, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    streams = torch.randn(t, n, d, generator=g).to(dtype)
+    fn = torch.randn((2 + n) * n, n * d, generator=g) * 0.05
+    base, scale = torch.randn((2 + n) * n, generator=g), torch.rand(3, generator=g) + 0.5
+    return streams, fn, base, scale
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_hc_coefficients_call_and_result(npu, n):
+    streams, fn, base, scale = mhc_site(n=n)
+    pre, post, comb = ascend_backend.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20)
+    assert npu.calls[0] == ("npu_mhc_pre", (5, n, 64), torch.bfloat16, ((2 + n) * n, n * 64), torch.float32, (3,),
+                            ((2 + n) * n,), None, 1e-20, 1e-6, 1)
+    assert npu.calls[1] == ("npu_mhc_sinkhorn", (5, n, n), torch.float32, 1e-6, 20)
+    want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
+    for got, ref in zip((pre, post, comb), want):
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("t,n,d,dtype", [(5, 4, 64, torch.float32), (5, 3, 64, torch.bfloat16),
+                                         (5, 4, 40, torch.bfloat16), (2, 4, 16400, torch.bfloat16)])
+def test_hc_coefficients_outside_the_op_limits_runs_the_reference(npu, t, n, d, dtype):
+    streams, fn, base, scale = mhc_site(t, n, d, dtype)
+    got = ascend_backend.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20)
+    want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert npu.calls == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hc_expand_call_and_result(npu, dtype):
+    g = torch.Generator().manual_seed(1)
+    streams, out = torch.randn(6, 4, 32, generator=g).to(dtype), torch.randn(6, 32, generator=g).to(dtype)
+    post = 2 * torch.rand(6, 4, generator=g)
+    comb = ops.sinkhorn.reference(torch.randn(6, 4, 4, generator=g), 20, 1e-6)
+    got = ascend_backend.hc_expand(streams, out, post, comb)
+    assert npu.calls[-1] == ("npu_mhc_post", (6, 4, 32), dtype, (6, 4, 4), torch.float32, (6, 32), dtype,
+                             (6, 4), torch.float32)
+    want = ops.hc_expand.reference(streams, out, post, comb)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=0, rtol=0)
+
+
+def test_hc_expand_mixes_streams_by_comb_columns(npu):
+    """comb[i, o] weighs input stream i into output stream o: a transposed comb must give another result."""
+    streams = torch.arange(4.0).repeat_interleave(16).view(1, 4, 16).bfloat16()  # stream i holds the value i
+    comb = torch.zeros(1, 4, 4)
+    comb[0, 3, 0] = 1.0  # output 0 takes input 3
+    got = ascend_backend.hc_expand(streams, torch.zeros(1, 16).bfloat16(), torch.zeros(1, 4), comb)
+    assert (got[0, 0] == 3).all() and (got[0, 3] == 0).all()
+
+
+@pytest.mark.parametrize("streams_dtype,out_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32)])
+def test_hc_expand_outside_the_op_limits_runs_the_reference(npu, streams_dtype, out_dtype):
+    streams, out = torch.randn(3, 4, 16).to(streams_dtype), torch.randn(3, 16).to(out_dtype)
+    post, comb = torch.rand(3, 4), torch.rand(3, 4, 4)
+    assert torch.equal(ascend_backend.hc_expand(streams, out, post, comb),
+                       ops.hc_expand.reference(streams, out, post, comb))
+    assert npu.calls == []
+
+
+def indexer_case(t=6, heads=8, n=300, seed=0):
+    """MXFP4 queries and keys (the op's contract) with duplicated keys, so that scores tie exactly."""
+    g = torch.Generator().manual_seed(seed)
+    q = ops.mxfp4_fake_quant.reference(torch.randn(t, heads, 128, generator=g))
+    keys = ops.mxfp4_fake_quant.reference(torch.randn(n, 128, generator=g))
+    keys[[9, 40, 200]] = keys[5].clone()  # four entries with one score per query
+    keys[250:] = keys[100].clone()
+    weights = torch.randn(t, heads, generator=g)
+    visible = torch.tensor([0, 3, 60, 299, 300, 350])[:t]  # none, fewer than k, a partial page, all, past the end
+    return q, weights, keys, visible
+
+
+@pytest.mark.parametrize("unused_slot,shuffle", [(-1, False), (10**6, False), (-1, True)])
+def test_indexer_topk_call_and_result(npu, unused_slot, shuffle):
+    npu.unused_slot, npu.shuffle_output = unused_slot, shuffle
+    q, weights, keys, visible = indexer_case()
+    got = ascend_backend.indexer_topk(q, weights, keys, visible, 16)
+    call = npu.calls[-1]
+    assert call["query"] == ((6, 1, 8, 128), torch.bfloat16)
+    assert call["key"] == ((3, 128, 1, 128), torch.bfloat16)
+    assert call["weights"] == ((6, 1, 8), torch.float32)
+    assert call["block_table"] == ((6, 3), torch.int32)
+    assert call["actual_seq_lengths_query"] == [1] * 6
+    assert call["actual_seq_lengths_key"] == ([0, 3, 60, 299, 300, 300], torch.int32)
+    assert (call["layout_query"], call["layout_key"], call["sparse_count"], call["sparse_mode"]) == (
+        "BSND", "PA_BSND", 16, 0)
+    want = ops.indexer_topk.reference(q, weights, keys, visible, 16)
+    assert torch.equal(got, want)
+    assert (got[0] == -1).all() and (got[1, 3:] == -1).all() and got[1, :3].tolist() == [0, 1, 2]
+
+
+def test_indexer_topk_keeps_the_lower_id_of_a_tie(npu):
+    q, weights, keys, _ = indexer_case(t=1)
+    q, weights = q.abs(), weights.abs()  # positive scores for any key with a positive entry
+    keys = keys[0].abs().expand(300, 128).clone()  # one score for every entry ...
+    keys[:3] = 0  # ... but entries 0-2, which score 0
+    ids = ascend_backend.indexer_topk(q, weights, keys, torch.tensor([300]), 4)
+    assert ids.tolist() == [[3, 4, 5, 6]]
+    assert torch.equal(ids, ops.indexer_topk.reference(q, weights, keys, torch.tensor([300]), 4))
+
+
+@pytest.mark.parametrize("heads,dim,k,with_candidates", [(8, 128, 16, True), (72, 128, 16, False),
+                                                         (8, 64, 16, False), (8, 128, 3072, False)])
+def test_indexer_topk_outside_the_op_limits_runs_the_reference(npu, heads, dim, k, with_candidates):
+    g = torch.Generator().manual_seed(3)
+    q = ops.mxfp4_fake_quant.reference(torch.randn(4, heads, dim, generator=g))
+    keys = ops.mxfp4_fake_quant.reference(torch.randn(40, dim, generator=g))
+    weights, visible = torch.randn(4, heads, generator=g), torch.tensor([0, 5, 20, 40])
+    candidates = torch.rand(4, 40, generator=g) > 0.5 if with_candidates else None
+    got = ascend_backend.indexer_topk(q, weights, keys, visible, k, candidates)
+    assert torch.equal(got, ops.indexer_topk.reference(q, weights, keys, visible, k, candidates))
+    assert npu.calls == []
+
+
 @pytest.mark.parametrize("name,dst", [("fp8_fake_quant", torch.float8_e4m3fn), ("mxfp4_fake_quant", torch.float4_e2m1fn_x2)])
 def test_mx_quant_call_and_dequant(npu, name, dst):
     x = torch.randn(4, 64).bfloat16()
     out = getattr(ascend_backend, name)(x)
     assert npu.calls[-1] == ("npu_dynamic_mx_quant", (4, 64), -1, "rint", dst, 32)
     assert torch.equal(out, getattr(ops, name).reference(x))
+
+
+class RecordingRegistry:
+    def __init__(self):
+        self.registered = {}
+
+    def register_backend(self, op_name, backend, fn):
+        self.registered[op_name] = (backend, fn)
+
+    def mark_unavailable(self, backend, reason):
+        raise AssertionError(f"torch.npu exists, yet {backend} was marked unavailable: {reason}")
+
+
+@pytest.mark.parametrize("env,opt_in", [({}, set()), ({"DEEPINFER_ASCEND_LIGHTNING_INDEXER": "1"}, {"indexer_topk"}),
+                                        ({"DEEPINFER_ASCEND_MX_QUANT": "1"}, {"fp8_fake_quant", "mxfp4_fake_quant"})])
+def test_registers_the_documented_mappings_and_opt_ins(monkeypatch, env, opt_in):
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(), raising=False)
+    for name in ("DEEPINFER_ASCEND_LIGHTNING_INDEXER", "DEEPINFER_ASCEND_MX_QUANT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    registry = RecordingRegistry()
+    ascend_backend.deepinfer_register_ops(registry)
+    default = {"sparse_attention", "sinkhorn", "hc_coefficients", "hc_expand"}
+    assert set(registry.registered) == default | opt_in
+    assert all(backend == "ascend" and fn is getattr(ascend_backend, name)
+               for name, (backend, fn) in registry.registered.items())
+    assert set(registry.registered) <= set(ops.registry.ops)  # every name is a real op
 
 
 def test_registers_nothing_without_torch_npu(monkeypatch):

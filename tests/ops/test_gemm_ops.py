@@ -1,0 +1,439 @@
+"""linear_fp8 / linear_fp4: references equal the old dequantise + matmul path; DeepGEMM / FlashInfer wrappers
+keep the documented call contract (checked against fake modules that do the documented math on CPU)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from deepinfer_plugins import ops
+from deepinfer_plugins.models.deepseek_v41.linear import Linear
+from deepinfer_plugins.ops.backends import deepgemm_backend, flashinfer_backend
+from deepinfer_plugins.ops.quant import quantize_fp4_weight, quantize_fp8_weight
+from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# The backends quantise activations to E4M3 (3 mantissa bits, round to nearest: relative error <= 2^-4 per
+# element); over a dot product of independent errors the output error is well under this relative norm.
+ACTIVATION_FP8_REL_TOL = 0.04
+# Against the same quantised activation, the only difference left is the output rounding of bf16 (2^-8) plus
+# fp32 summation order.
+OUTPUT_ROUNDING_REL_TOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-5}
+
+
+def _fp8_weight(out_features, in_features, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=g)
+    return quantize_fp8_weight(w)
+
+
+def _fp4_weight(out_features, in_features, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return quantize_fp4_weight(torch.randn(out_features, in_features, generator=g))
+
+
+def _x(tokens, in_features, dtype, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*tokens, in_features, generator=g).to(dtype)
+
+
+def _rel_err(y, ref):
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def _activation_fake_quant(x, block):
+    """What a backend's quantised activation dequantises to (per token, per ``block`` columns)."""
+    return ops.fp8_fake_quant.reference(x.float(), block)
+
+
+def _e8m0_decode(byte):
+    return torch.pow(2.0, byte.to(torch.float32) - 127.0)
+
+
+# --- references ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 96), (80, 40), (33, 70)])
+def test_linear_fp8_reference_is_dequantise_then_matmul(dtype, shape):
+    weight, scale = _fp8_weight(*shape)
+    x = _x((3, 5), shape[1], dtype)
+    old = x @ ops.dequant_fp8_weight(weight, scale, dtype).t()
+    assert torch.equal(ops.linear_fp8(x, weight, scale), old)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 96), (48, 32)])
+def test_linear_fp4_reference_is_dequantise_then_matmul(dtype, shape):
+    weight, scale = _fp4_weight(*shape)
+    x = _x((7,), shape[1], dtype)
+    old = x @ ops.dequant_fp4_weight(weight, scale, dtype).t()
+    assert torch.equal(ops.linear_fp4(x, weight, scale), old)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp4", "float"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_module_unchanged_with_and_without_keep_dense(fmt, dtype):
+    layer = Linear(64, 48, fmt)
+    g = torch.Generator().manual_seed(3)
+    dense = torch.randn(48, 64, generator=g)
+    if fmt == "fp8":
+        layer.weight.data, layer.scale.data = quantize_fp8_weight(dense)
+    elif fmt == "fp4":
+        layer.weight.data, layer.scale.data = quantize_fp4_weight(dense)
+    else:
+        layer.weight.data = dense
+    x = _x((2, 3), 64, dtype)
+    old = x @ layer.dense_weight(dtype).t()
+    assert torch.equal(layer(x), old)
+    layer.keep_dense(dtype)
+    assert torch.equal(layer(x), old)
+
+
+# --- registry wiring ----------------------------------------------------------------------------------------
+
+def test_gemm_backends_are_entry_points_and_preferred_on_cuda():
+    from importlib.metadata import entry_points
+
+    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    assert {"deepgemm", "flashinfer"} <= names
+    assert DEVICE_PREFERENCE["cuda"][:2] == ("deepgemm", "flashinfer")
+    assert ops.registry.select("linear_fp8", "cpu") is ops.linear_fp8.reference
+    assert "reference" in ops.registry.backends_of("linear_fp4")
+
+
+def test_select_prefers_deepgemm_then_flashinfer_on_cuda(monkeypatch):
+    ops.registry.discover()
+    backends = ops.registry.ops["linear_fp8"].backends
+    deepgemm_fn, flashinfer_fn, cuda_fn = object(), object(), object()
+    monkeypatch.setitem(backends, "cuda", cuda_fn)
+    monkeypatch.setitem(backends, "flashinfer", flashinfer_fn)
+    assert ops.registry.select("linear_fp8", "cuda") is flashinfer_fn
+    monkeypatch.setitem(backends, "deepgemm", deepgemm_fn)
+    assert ops.registry.select("linear_fp8", "cuda") is deepgemm_fn
+    assert ops.registry.select("linear_fp8", "cpu") is ops.linear_fp8.reference
+    assert ops.registry.backends_of("linear_fp8")[0] == "reference"
+
+
+class _RecordingRegistry:
+    def __init__(self):
+        self.registered, self.unavailable = {}, {}
+
+    def register_backend(self, op_name, backend, fn):
+        self.registered[(op_name, backend)] = fn
+
+    def mark_unavailable(self, backend, reason):
+        self.unavailable[backend] = reason
+
+
+def _pretend_cuda(monkeypatch, capability):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+
+
+@pytest.mark.parametrize("capability, ops_registered", [((9, 0), {"linear_fp8"}), ((10, 0), {"linear_fp8", "linear_fp4"}),
+                                                       ((8, 0), set())])
+def test_deepgemm_registers_per_architecture(monkeypatch, capability, ops_registered):
+    monkeypatch.setitem(sys.modules, "deep_gemm", FakeDeepGemm(capability[0]))
+    _pretend_cuda(monkeypatch, capability)
+    recorder = _RecordingRegistry()
+    deepgemm_backend.deepinfer_register_ops(recorder)
+    assert {name for name, _ in recorder.registered} == ops_registered
+    assert bool(recorder.unavailable) == (not ops_registered)
+
+
+@pytest.mark.parametrize("capability, registered", [((10, 0), True), ((9, 0), False)])
+def test_flashinfer_registers_on_sm100_only(monkeypatch, capability, registered):
+    _install_fake_flashinfer(monkeypatch)
+    _pretend_cuda(monkeypatch, capability)
+    recorder = _RecordingRegistry()
+    flashinfer_backend.deepinfer_register_ops(recorder)
+    assert bool(recorder.registered) == registered
+    if registered:
+        assert set(recorder.registered) == {("linear_fp8", "flashinfer"), ("linear_fp4", "flashinfer")}
+
+
+def test_backends_stay_unregistered_without_their_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "deep_gemm", None)  # makes ``import deep_gemm`` raise ImportError
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    monkeypatch.setitem(sys.modules, "flashinfer.gemm", None)
+    _pretend_cuda(monkeypatch, (10, 0))
+    recorder = _RecordingRegistry()
+    deepgemm_backend.deepinfer_register_ops(recorder)
+    flashinfer_backend.deepinfer_register_ops(recorder)
+    assert not recorder.registered
+    assert set(recorder.unavailable) == {"deepgemm", "flashinfer"}
+
+
+# --- fake DeepGEMM ------------------------------------------------------------------------------------------
+
+class FakeDeepGemm(types.ModuleType):
+    """``fp8_gemm_nt((a, sfa), (b, sfb), d, recipe=...)`` as DeepGEMM documents it, in float64 on CPU."""
+
+    def __init__(self, arch):
+        super().__init__("deep_gemm")
+        self.arch, self.calls = arch, []
+
+    def fp8_gemm_nt(self, a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                    disable_ue8m0_cast=False, alpha=None):
+        (a_data, sfa), (b_data, sfb) = a, b
+        assert c is None and recipe is not None and recipe_a is None and recipe_b is None
+        gran_m, gran_n, gran_k = recipe
+        assert gran_m == 1
+        if self.arch == 9:
+            assert recipe == (1, 128, 128), "SM90 takes FP32 scales at granularity 128 only"
+        else:
+            assert gran_k in (32, 128)
+        m, k = a_data.shape
+        assert a_data.dtype == torch.float8_e4m3fn and a_data.stride(-1) == 1  # K-major
+        if b_data.dtype == torch.int8:
+            assert self.arch == 10, "packed FP4 operands are SM100 only"
+            n, k_b = b_data.shape[0], b_data.shape[1] * 2
+            b_values = _unpack_e2m1(b_data)
+        else:
+            assert b_data.dtype == torch.float8_e4m3fn
+            n, k_b = b_data.shape
+            b_values = b_data.double()
+        assert b_data.stride(-1) == 1 and k_b == k
+        for sf, rows, gran_rows in ((sfa, m, gran_m), (sfb, n, gran_n)):
+            assert sf.dtype == torch.float32
+            assert sf.shape == (-(-rows // gran_rows), -(-k // gran_k))
+            mantissa, _ = torch.frexp(sf)
+            assert torch.all(mantissa == 0.5), "UE8M0 needs power-of-two scales"
+        assert d.shape == (m, n) and d.dtype in (torch.bfloat16, torch.float32) and d.stride(-1) == 1
+        a_deq = a_data.double() * _expand(sfa, gran_m, gran_k, m, k)
+        b_deq = b_values * _expand(sfb, gran_n, gran_k, n, k)
+        self.calls.append({"recipe": recipe, "a": a_deq, "b": b_deq, "b_data": b_data, "sfb": sfb})
+        d.copy_((a_deq @ b_deq.t()).to(d.dtype))
+
+
+def _expand(sf, gran_rows, gran_k, rows, k):
+    return sf.double().repeat_interleave(gran_rows, 0).repeat_interleave(gran_k, 1)[:rows, :k]
+
+
+def _unpack_e2m1(packed):
+    byte = packed.view(torch.uint8).long()
+    codes = torch.stack((byte & 0xF, byte >> 4), dim=-1).reshape(packed.shape[0], -1)
+    magnitude = torch.tensor(E2M1, dtype=torch.float64)[codes & 0x7]
+    return torch.where(codes >= 8, -magnitude, magnitude)
+
+
+@pytest.fixture
+def fake_deep_gemm(monkeypatch):
+    def install(arch):
+        fake = FakeDeepGemm(arch)
+        monkeypatch.setitem(sys.modules, "deep_gemm", fake)
+        return fake
+
+    return install
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("out_features", [256, 80])
+def test_deepgemm_sm100_fp8_passes_checkpoint_scales_at_block_32(fake_deep_gemm, dtype, out_features):
+    fake = fake_deep_gemm(10)
+    weight, scale = _fp8_weight(out_features, 256)
+    x = _x((2, 3), 256, dtype)
+    y = deepgemm_backend.linear_fp8(x, weight, scale, arch=10)
+    (call,) = fake.calls
+    assert call["recipe"] == (1, 32, 32)
+    assert call["b_data"] is weight
+    assert torch.equal(call["sfb"], scale.float())
+    assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))  # weight side exact
+    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32).reshape(-1, 256))
+    assert y.shape == (2, 3, out_features) and y.dtype == dtype
+    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
+    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert _rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_deepgemm_sm100_fp4_passes_packed_weight_unchanged(fake_deep_gemm, dtype):
+    fake = fake_deep_gemm(10)
+    weight, scale = _fp4_weight(192, 256)
+    x = _x((5,), 256, dtype)
+    y = deepgemm_backend.linear_fp4(x, weight, scale, arch=10)
+    (call,) = fake.calls
+    assert call["recipe"] == (1, 1, 32)
+    assert call["b_data"].dtype == torch.int8 and torch.equal(call["b_data"], weight)
+    assert torch.equal(call["b"], ops.dequant_fp4_weight(weight, scale, torch.float64))
+    assert y.shape == (5, 192) and y.dtype == dtype
+    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp4_weight(weight, scale, torch.float32).t()
+    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert _rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+
+
+def test_deepgemm_sm90_fp8_requantises_to_128_blocks_exactly(fake_deep_gemm):
+    fake = fake_deep_gemm(9)
+    weight, scale = _fp8_weight(160, 256)
+    scale = torch.full_like(scale.float(), 2.0**-8)  # one scale per 128x128 tile: the fold is exact
+    scale[4:, 4:] = 2.0**-6
+    scale = scale.to(torch.float8_e8m0fnu)
+    x = _x((4,), 256, torch.bfloat16)
+    y = deepgemm_backend.linear_fp8(x, weight, scale, arch=9)
+    (call,) = fake.calls
+    assert call["recipe"] == (1, 128, 128)
+    assert call["sfb"].shape == (2, 2)
+    assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))
+    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 128))
+    expected = _activation_fake_quant(x, 128) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
+    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+
+
+def test_requantize_to_128_blocks_is_exact_or_declines():
+    weight, _ = _fp8_weight(256, 256)
+    byte = torch.full((8, 8), 120, dtype=torch.uint8)
+    byte[::2, ::2] = 119  # blocks one power of two below their tile's largest scale
+    values = weight.float()
+    values[values.abs() < 2.0**-3] = 0.0  # halving keeps 3 mantissa bits above E4M3's 2^-9 step
+    weight_shifted = values.to(torch.float8_e4m3fn)
+    exact_scale = byte.view(torch.float8_e8m0fnu)
+    converted = deepgemm_backend.requantize_to_128_blocks(weight_shifted, exact_scale)
+    assert converted is not None
+    values, tile_scale = converted
+    assert values.dtype == torch.float8_e4m3fn and tile_scale.shape == (2, 2) and tile_scale.dtype == torch.float32
+    refolded = values.float() * tile_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    assert torch.equal(refolded, ops.dequant_fp8_weight(weight_shifted, exact_scale, torch.float32))
+
+    byte[0, 0] -= 12  # one block 2^13 below its tile's largest scale: its values underflow E4M3
+    assert deepgemm_backend.requantize_to_128_blocks(weight_shifted, byte.view(torch.float8_e8m0fnu)) is None
+
+
+def test_deepgemm_sm90_inexact_weight_runs_the_reference(fake_deep_gemm):
+    fake = fake_deep_gemm(9)
+    weight, scale = _fp8_weight(128, 256)
+    byte = scale.view(torch.uint8).clone()
+    byte[0, 0] -= 12
+    scale = byte.view(torch.float8_e8m0fnu)
+    x = _x((3,), 256, torch.bfloat16)
+    y = deepgemm_backend.linear_fp8(x, weight, scale, arch=9)
+    assert not fake.calls
+    assert torch.equal(y, ops.linear_fp8.reference(x, weight, scale))
+
+
+@pytest.mark.parametrize("arch, fmt, in_features", [(10, "fp8", 96), (10, "fp4", 96), (9, "fp4", 256)])
+def test_deepgemm_declines_to_the_reference(fake_deep_gemm, arch, fmt, in_features):
+    fake = fake_deep_gemm(arch)
+    weight, scale = (_fp8_weight if fmt == "fp8" else _fp4_weight)(128, in_features)
+    x = _x((3,), in_features, torch.bfloat16)
+    wrapper = deepgemm_backend.linear_fp8 if fmt == "fp8" else deepgemm_backend.linear_fp4
+    reference = (ops.linear_fp8 if fmt == "fp8" else ops.linear_fp4).reference
+    assert torch.equal(wrapper(x, weight, scale, arch=arch), reference(x, weight, scale))
+    assert not fake.calls
+
+
+# --- fake FlashInfer ----------------------------------------------------------------------------------------
+
+def _unswizzle_128x4(flat, rows, cols):
+    """FlashInfer's 128x4 scale layout back to a [rows, cols] grid (written from its documented tiling)."""
+    padded_rows, padded_cols = -(-rows // 128) * 128, -(-cols // 4) * 4
+    grid = torch.empty(padded_rows, padded_cols, dtype=flat.dtype)
+    index = 0
+    for row_tile in range(padded_rows // 128):
+        for col_tile in range(padded_cols // 4):
+            for r32 in range(32):
+                for r4 in range(4):
+                    for c4 in range(4):
+                        grid[row_tile * 128 + r4 * 32 + r32, col_tile * 4 + c4] = flat[index]
+                        index += 1
+    return grid[:rows, :cols]
+
+
+class FakeFlashinferGemm(types.ModuleType):
+    """``mm_mxfp8`` as flashinfer 0.7.2 documents it, in float64 on CPU."""
+
+    def __init__(self):
+        super().__init__("flashinfer.gemm")
+        self.calls = []
+
+    def mm_mxfp8(self, a, b, a_descale, b_descale, out=None, out_dtype=torch.bfloat16, use_8x4_sf_layout=False,
+                 backend="auto"):
+        assert out is None and not use_8x4_sf_layout and backend == "auto"
+        m, k = a.shape
+        k_b, n = b.shape
+        assert k_b == k and n >= 128 and k >= 128 and k % 32 == 0
+        assert a.dtype == b.dtype == torch.float8_e4m3fn
+        assert a.stride(-1) == 1 and b.stride(0) == 1, "a row-major, b column-major"
+        for descale, rows in ((a_descale, m), (b_descale, n)):
+            assert descale.dtype == torch.uint8 and descale.ndim == 1, "2-D linear scales raise in 0.7.2"
+            assert descale.numel() == -(-rows // 128) * 128 * -(-(k // 32) // 4) * 4
+        assert out_dtype in (torch.bfloat16, torch.float16)
+        a_scale = _e8m0_decode(_unswizzle_128x4(a_descale, m, k // 32)).double().repeat_interleave(32, 1)
+        b_scale = _e8m0_decode(_unswizzle_128x4(b_descale, n, k // 32)).double().repeat_interleave(32, 1)
+        a_deq, b_deq = a.double() * a_scale, b.t().double() * b_scale
+        self.calls.append({"a": a_deq, "b": b_deq, "b_data": b})
+        return (a_deq @ b_deq.t()).to(out_dtype)
+
+
+def _install_fake_flashinfer(monkeypatch):
+    gemm_module = FakeFlashinferGemm()
+    package = types.ModuleType("flashinfer")
+    package.gemm = gemm_module
+    package.__path__ = []
+    monkeypatch.setitem(sys.modules, "flashinfer", package)
+    monkeypatch.setitem(sys.modules, "flashinfer.gemm", gemm_module)
+    return gemm_module
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    return _install_fake_flashinfer(monkeypatch)
+
+
+def test_swizzle_128x4_matches_the_documented_tiling():
+    grid = torch.arange(200 * 12, dtype=torch.int64).reshape(200, 12).to(torch.uint8)
+    flat = flashinfer_backend.swizzle_128x4(grid)
+    assert flat.shape == (256 * 12,)
+    assert torch.equal(_unswizzle_128x4(flat, 200, 12), grid)
+
+
+def test_e2m1_to_e4m3_is_exact():
+    weight, _ = _fp4_weight(16, 64)
+    ones = torch.ones(16, 2, dtype=torch.float8_e8m0fnu)
+    assert torch.equal(flashinfer_backend.e2m1_to_e4m3(weight).float(), ops.dequant_fp4_weight(weight, ones, torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_features", [256, 144])
+def test_flashinfer_fp8_expands_block_scales_to_rows_exactly(fake_flashinfer, dtype, out_features):
+    weight, scale = _fp8_weight(out_features, 256)
+    x = _x((2, 3), 256, dtype)
+    y = flashinfer_backend.linear_fp8(x, weight, scale)
+    (call,) = fake_flashinfer.calls
+    assert call["b_data"].shape == (256, out_features)
+    assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))
+    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32).reshape(-1, 256))
+    assert y.shape == (2, 3, out_features) and y.dtype == dtype
+    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
+    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert _rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+
+
+def test_flashinfer_fp4_reencodes_to_e4m3_exactly(fake_flashinfer):
+    weight, scale = _fp4_weight(128, 384)
+    x = _x((9,), 384, torch.bfloat16)
+    y = flashinfer_backend.linear_fp4(x, weight, scale)
+    (call,) = fake_flashinfer.calls
+    assert torch.equal(call["b"], ops.dequant_fp4_weight(weight, scale, torch.float64))
+    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp4_weight(weight, scale, torch.float32).t()
+    assert y.shape == (9, 128) and y.dtype == torch.bfloat16
+    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+    assert _rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+
+
+@pytest.mark.parametrize("fmt, out_features, in_features, dtype", [
+    ("fp8", 128, 256, torch.float32),  # mm_mxfp8 writes bf16 / fp16 only
+    ("fp8", 64, 256, torch.bfloat16),  # below mm_mxfp8's minimum n
+    ("fp8", 128, 96, torch.bfloat16),  # k not a multiple of 128
+    ("fp4", 128, 96, torch.bfloat16),
+])
+def test_flashinfer_declines_to_the_reference(fake_flashinfer, fmt, out_features, in_features, dtype):
+    weight, scale = (_fp8_weight if fmt == "fp8" else _fp4_weight)(out_features, in_features)
+    x = _x((3,), in_features, dtype)
+    wrapper = flashinfer_backend.linear_fp8 if fmt == "fp8" else flashinfer_backend.linear_fp4
+    reference = (ops.linear_fp8 if fmt == "fp8" else ops.linear_fp4).reference
+    assert torch.equal(wrapper(x, weight, scale), reference(x, weight, scale))
+    assert not fake_flashinfer.calls

@@ -1,0 +1,69 @@
+"""The fused indexer selection is the model's step-by-step selection: scores, the visibility and candidate masks,
+then top-k with ties to the lower id, ascending ids and -1 padding. Compared bit for bit."""
+
+import pytest
+import torch
+
+from deepinfer_plugins import ops
+
+
+def step_by_step(q, head_weights, keys, visible, k, candidates=None):
+    """The selection as Indexer.forward wrote it before the fused op existed."""
+    scores = ops.indexer_scores.reference(q, head_weights, keys)
+    entry = torch.arange(scores.shape[1])
+    scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+    if candidates is not None:
+        scores = scores.masked_fill(~candidates, float("-inf"))
+    return ops.topk_indices.reference(scores, k)
+
+
+def case(t=5, heads=4, dim=32, n=70, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = ops.mxfp4_fake_quant.reference(torch.randn(t, heads, dim, generator=g))
+    keys = ops.mxfp4_fake_quant.reference(torch.randn(n, dim, generator=g))
+    keys[[3, 17, 44]] = keys[30].clone()  # exact ties inside the visible range
+    keys[50:] = keys[2].clone()
+    return q, torch.randn(t, heads, generator=g), keys, g
+
+
+@pytest.mark.parametrize("k", [1, 8, 64, 100])
+def test_equals_the_step_by_step_selection(k):
+    q, weights, keys, _ = case()
+    visible = torch.tensor([0, 1, 31, 70, 90])  # nothing, one entry, a prefix, all, past the end
+    got = ops.indexer_topk.reference(q, weights, keys, visible, k)
+    assert got.shape == (5, k)
+    assert torch.equal(got, step_by_step(q, weights, keys, visible, k))
+
+
+def test_equals_the_step_by_step_selection_with_candidates():
+    q, weights, keys, g = case()
+    visible = torch.tensor([0, 12, 40, 70, 70])
+    candidates = torch.rand(5, 70, generator=g) > 0.6
+    candidates[4] = False  # every entry filtered out
+    got = ops.indexer_topk.reference(q, weights, keys, visible, 16, candidates)
+    assert torch.equal(got, step_by_step(q, weights, keys, visible, 16, candidates))
+    assert (got[4] == -1).all()
+    assert (got[0] == -1).all()
+    chosen = got[2][got[2] >= 0]
+    assert candidates[2, chosen].all() and (chosen < 40).all()
+
+
+def test_semantics_on_a_hand_made_case():
+    """One head, weight 1: score = relu(q . key). Ties go to the lower id; ids ascend; -inf slots become -1."""
+    q = torch.tensor([[[1.0, 0.0]]])
+    keys = torch.tensor([[2.0, 0.0], [5.0, 1.0], [-3.0, 0.0], [5.0, 9.0], [2.0, 0.0], [7.0, 0.0]])
+    weights = torch.ones(1, 1)
+    # scores 2, 5, 0, 5, 2, 7; entry 5 is invisible
+    assert ops.indexer_topk.reference(q, weights, keys, torch.tensor([5]), 3).tolist() == [[0, 1, 3]]
+    assert ops.indexer_topk.reference(q, weights, keys, torch.tensor([5]), 7).tolist() == [[0, 1, 2, 3, 4, -1, -1]]
+    assert ops.indexer_topk.reference(q, weights, keys, torch.tensor([6]), 2).tolist() == [[1, 5]]
+    only_late = torch.tensor([[False, False, True, False, True, True]])
+    assert ops.indexer_topk.reference(q, weights, keys, torch.tensor([5]), 3, only_late).tolist() == [[2, 4, -1]]
+
+
+def test_dispatches_to_the_reference_on_cpu():
+    q, weights, keys, _ = case()
+    visible = torch.tensor([0, 1, 31, 70, 90])
+    assert ops.registry.select("indexer_topk", "cpu") is ops.indexer_topk.reference
+    assert torch.equal(ops.indexer_topk(q, weights, keys, visible, 8),
+                       ops.indexer_topk.reference(q, weights, keys, visible, 8))
