@@ -24,7 +24,7 @@ import torch
 from deepinfer_plugins import ops
 
 EXACT_OPS = {"fp8_fake_quant", "nvfp4_fake_quant", "mxfp4_fake_quant", "cache_write", "topk_indices",
-             "engram_gather", "rope"}
+             "indexer_topk", "engram_gather", "rope"}
 SPARSE_ROWS = (1, 8, 64, 384)  # decode batches, and 64 sequences x 6 DSpark verification rows
 
 
@@ -130,9 +130,6 @@ def cases(device: str, quick: bool) -> list[Case]:
         cache = torch.zeros(4 * b, ops.record_bytes(fmt, dim), dtype=torch.uint8, device=device)
         out.append(Case(f"cache_write[{fmt}]", [(cache, slots, rnd(b, dim), fmt)],
                         b * (dim * 2 + ops.record_bytes(fmt, dim)), in_place=True))
-    rotations = 1 if device == "cpu" else 4
-    for rows in ((8,) if quick or device == "cpu" else SPARSE_ROWS):
-        out.append(sparse_attention_case(rows, device, g, rotations))
     n_keys = 8192 if quick else 32768
     qi = ops.mxfp4_fake_quant(rnd(b, 32, 128))
     keys = ops.mxfp4_fake_quant(rnd(n_keys, 128))
@@ -140,6 +137,17 @@ def cases(device: str, quick: bool) -> list[Case]:
                     n_keys * 128 * 2 + b * n_keys * 4, b * 2 * 32 * 128 * n_keys))
     scores = torch.randn(b, n_keys, generator=g).to(device)
     out.append(Case("topk_indices", [(scores, 512)], b * n_keys * 4 + b * 512 * 8))
+    visible = torch.full((b,), n_keys, device=device)
+    out.append(Case("indexer_topk", [(qi, rnd(b, 32, dtype=torch.float32), keys, visible, 512)],
+                    n_keys * 128 * 2 + b * 512 * 8, b * 2 * 32 * 128 * n_keys))
+    # shared-expert up projection (FP8, 32x32 block scales) and a routed expert's (FP4): 5120 -> 2304
+    w8, s8 = ops.quantize_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.02)
+    w4, s4 = ops.quantize_fp4_weight(torch.randn(2304, 5120, generator=g) * 0.02)
+    act = rnd(b, 5120)
+    out.append(Case("linear_fp8", [(act, w8.to(device), s8.to(device))], 2304 * 5120 + b * (5120 + 2304) * 2,
+                    2 * b * 5120 * 2304))
+    out.append(Case("linear_fp4", [(act, w4.to(device), s4.to(device))], 2304 * 5120 * 17 // 32
+                    + b * (5120 + 2304) * 2, 2 * b * 5120 * 2304))
     streams = rnd(b, 4, 5120)
     out.append(Case("hc_coefficients", [(streams, rnd(24, 4 * 5120, dtype=torch.float32),
                                          rnd(24, dtype=torch.float32), rnd(3, dtype=torch.float32), 20, 1e-6, 1e-20)],
@@ -154,6 +162,9 @@ def cases(device: str, quick: bool) -> list[Case]:
     ids = torch.randint(0, table.shape[0], (b, 48), generator=g)
     out.append(Case("engram_gather", [(table.to(device), tscale.to(device), ids.to(device), torch.bfloat16)],
                     b * 48 * (264 + 512)))
+    rotations = 1 if device == "cpu" else 4  # last: with --sweep these are most of the run
+    for rows in ((8,) if quick or device == "cpu" else SPARSE_ROWS):
+        out.append(sparse_attention_case(rows, device, g, rotations))
     return out
 
 
@@ -178,12 +189,10 @@ def attention_variants(device: str) -> dict:
         return variants
     from deepinfer_plugins.ops.backends.triton_kernels import attention as triton_attention
 
-    for hb, bk, warps, stages in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 16, 4, 2), (32, 32, 4, 2),
-                                  (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 1)):
-        for splits in (0, 1):
-            config = triton_attention.AttentionConfig(hb, bk, warps, stages, splits)
-            name = f"triton hb{hb} bk{bk} w{warps} s{stages} {'auto-split' if splits == 0 else 'no-split'}"
-            variants[name] = lambda *a, c=config: triton_attention.sparse_attention(*a, config=c)
+    for c in triton_attention.CANDIDATE_CONFIGS:
+        name = (f"triton hb{c.head_block} bk{c.key_block} w{c.num_warps} s{c.num_stages} "
+                f"{'auto-split' if c.splits == 0 else 'no-split'}")
+        variants[name] = lambda *a, c=c: triton_attention.sparse_attention(*a, config=c)
     try:
         from deepinfer_plugins.ops.backends import cuda_backend
     except Exception as exc:  # reported in the table instead of the CUDA rows

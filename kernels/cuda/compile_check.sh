@@ -2,6 +2,8 @@
 # Compile every .cu under kernels/cuda/csrc for sm_90a, sm_100a and sm_103a (compile only; no GPU needed).
 # Fails on compile errors, on any warning (nvcc warnings are errors, host warnings -Wall -Wextra -Werror), and on
 # register spills reported by ptxas (-Xptxas -v). Prints registers / spills per kernel and arch.
+# Builds with the macros torch's extension build adds (no implicit half / bf16 conversions or operators), so code
+# that passes here also builds through kernels/cuda/build.py.
 # Usage: kernels/cuda/compile_check.sh [jobs]   (env NVCC overrides the compiler, ARCHS the arch list)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -20,7 +22,8 @@ for src in "${sources[@]}"; do
 done | xargs -P "$jobs" -L 1 bash -c '
   src="$0"; arch="$1"; log="'"$out"'/$(echo "$src" | tr / _)_$arch.log"
   if '"$nvcc"' -std=c++17 -O3 -gencode "arch=compute_${arch},code=sm_${arch}" -Xptxas -v -Werror all-warnings \
-       -Xcompiler -Wall,-Wextra,-Werror -c "$src" -o /dev/null > "$log" 2>&1; then echo ok > "$log.status"; \
+       -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
+       -D__CUDA_NO_HALF2_OPERATORS__ --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror -c "$src" -o /dev/null > "$log" 2>&1; then echo ok > "$log.status"; \
   else echo fail > "$log.status"; fi'
 status=0
 for src in "${sources[@]}"; do

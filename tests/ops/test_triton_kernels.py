@@ -167,6 +167,18 @@ def test_topk_ids_are_exact_with_ties_and_masks(k, gen):
     assert_bits_equal(indexer.topk_indices(scores, k), ops.topk_indices.reference(scores, k))
 
 
+def test_indexer_topk_selects_the_reference_ids(gen):
+    """Fused selection: visibility per query, a candidate mask, integer-valued keys so that scores tie."""
+    q = torch.randint(-2, 3, (4, 32, 128), generator=gen).float()
+    keys = torch.randint(-2, 3, (150, 128), generator=gen).float()
+    w = torch.rand(4, 32, generator=gen).round()
+    visible = torch.tensor([150, 60, 0, 7])
+    candidates = torch.rand(4, 150, generator=gen) < 0.7
+    for cand in (None, candidates):
+        assert_bits_equal(indexer.indexer_topk(q, w, keys, visible, 16, cand),
+                          ops.indexer_topk.reference(q, w, keys, visible, 16, cand))
+
+
 def test_candidate_mask(gen):
     scores = torch.randn(4, 70, generator=gen)
     visible = torch.tensor([70, 33, 0, 1])

@@ -3,13 +3,19 @@
 Registers only when torch is a CUDA build with a visible GPU; the extension is JIT-built on first use from the
 repository's kernels/cuda/build.py (nvcc required). On any other machine it registers nothing and the registry
 logs one INFO line. CUDA kernels here: cache_write (fused quantise + pack + scatter, all three formats) and
-sparse_attention (bf16, head dim <= 512; CUDA-core baseline). Other ops use Triton on CUDA tensors.
+sparse_attention (bf16, head dim <= 512) in two variants, both callable directly for benchmarks:
+  * ``sparse_attention_mma``  tensor cores (mma.sync m16n8k16), head dim a multiple of 16; the default.
+  * ``sparse_attention_simt`` CUDA-core baseline, any head dim <= 512.
+Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma`` or ``simt``; unset / empty picks mma
+where its shape rule holds, else simt. Shapes neither variant takes (non-bf16 q, head dim > 512, or a forced
+variant's rule failing) go to the Triton kernel. Other ops use Triton on CUDA tensors.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -19,6 +25,7 @@ from ..registry import hookimpl
 
 logger = logging.getLogger(__name__)
 _FMT_ID = {"fp8_window": 0, "nvfp4": 1, "mxfp4": 2}
+ATTENTION_ENV = "DEEPINFER_CUDA_ATTENTION"
 _ext = None
 
 
@@ -41,12 +48,35 @@ def cache_write(cache, slots, x, fmt):
     return _extension().cache_write(cache, slots.long(), x, _FMT_ID[fmt], record_bytes(fmt, x.shape[-1]))
 
 
-def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
-    if q.dtype != torch.bfloat16 or q.shape[-1] > 512:
-        from .triton_kernels.attention import sparse_attention as triton_attention
+def _simt_fits(q) -> bool:
+    return q.dtype == torch.bfloat16 and q.shape[-1] <= 512
 
-        return triton_attention(q, kv_pool, indices, sink, softmax_scale)
-    return _extension().sparse_attention(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+
+def _mma_fits(q) -> bool:
+    return _simt_fits(q) and q.shape[-1] % 16 == 0
+
+
+def sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale):
+    """Tensor-core kernel; needs bf16 q and a head dim that is a multiple of 16 and <= 512."""
+    return _extension().sparse_attention_mma(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+
+
+def sparse_attention_simt(q, kv_pool, indices, sink, softmax_scale):
+    """CUDA-core baseline; needs bf16 q and a head dim <= 512."""
+    return _extension().sparse_attention_simt(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+
+
+def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
+    forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    if forced not in ("", "mma", "simt"):
+        raise ValueError(f"{ATTENTION_ENV}={forced!r}; expected 'mma', 'simt' or unset")
+    if forced != "simt" and _mma_fits(q):
+        return sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale)
+    if forced != "mma" and _simt_fits(q):
+        return sparse_attention_simt(q, kv_pool, indices, sink, softmax_scale)
+    from .triton_kernels.attention import sparse_attention as triton_attention
+
+    return triton_attention(q, kv_pool, indices, sink, softmax_scale)
 
 
 @hookimpl

@@ -24,7 +24,7 @@ OPS = {
     "pack_cache_records": "quant", "unpack_cache_records": "quant", "cache_write": "quant", "cache_gather": "quant",
     "engram_gather": "quant",
     "sparse_attention": "attention",
-    "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer",
+    "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer", "indexer_topk": "indexer",
     "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_expand": "mhc",
     "rms_norm": "misc", "rope": "misc", "swiglu": "misc", "sqrtsoftplus_route": "misc", "engram_hash": "misc",
     "engram_gate": "misc", "csa2_compress": "misc",

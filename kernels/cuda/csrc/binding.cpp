@@ -1,5 +1,6 @@
 // Torch extension entry points for kernels/cuda (built only where a CUDA toolchain and a CUDA build of torch exist).
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
 #include <cuda_runtime.h>
@@ -10,6 +11,9 @@ extern "C" cudaError_t deepinfer_cache_write_f32(const void*, const int64_t*, ui
                                                  cudaStream_t);
 extern "C" cudaError_t deepinfer_sparse_decode_bf16(const void*, const void*, const int64_t*, const float*, void*, int,
                                                     int, int, int, float, cudaStream_t);
+extern "C" cudaError_t deepinfer_sparse_attention_mma_splits(int, int, int, int*);
+extern "C" cudaError_t deepinfer_sparse_attention_mma_bf16(const void*, const void*, const int64_t*, const float*, void*,
+                                                           float*, int, int, int, int, int, float, cudaStream_t);
 
 static void check(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, what, " failed: ", cudaGetErrorString(err));
@@ -34,11 +38,21 @@ torch::Tensor cache_write(torch::Tensor cache, torch::Tensor slots, torch::Tenso
   return cache;
 }
 
-torch::Tensor sparse_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
-                               double scale) {
+// Shape / dtype checks shared by both attention kernels: q [T, H, D], kv [P, D] bf16, indices [T, K], sink [H].
+static void check_attention_inputs(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& indices,
+                                   const torch::Tensor& sink) {
+  TORCH_CHECK(q.is_cuda() && kv.is_cuda() && indices.is_cuda() && sink.is_cuda(), "all inputs must be CUDA tensors");
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && kv.scalar_type() == torch::kBFloat16, "q and kv must be bf16");
+  TORCH_CHECK(q.dim() == 3 && kv.dim() == 2 && indices.dim() == 2, "q [T, H, D], kv [P, D], indices [T, K]");
+  TORCH_CHECK(indices.size(0) == q.size(0) && sink.numel() == q.size(1), "indices rows must equal T, sink size H");
   TORCH_CHECK(q.size(2) == kv.size(1) && q.size(2) <= 512, "head dim of q (", q.size(2), ") and kv (", kv.size(1),
               ") must agree and be <= 512");
+}
+
+torch::Tensor sparse_attention_simt(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
+                                    double scale) {
+  check_attention_inputs(q, kv, indices, sink);
+  const c10::cuda::CUDAGuard device_guard(q.device());
   auto qc = q.contiguous();
   auto kc = kv.contiguous();
   auto ic = indices.to(torch::kInt64).contiguous();
@@ -47,11 +61,42 @@ torch::Tensor sparse_attention(torch::Tensor q, torch::Tensor kv, torch::Tensor 
   check(deepinfer_sparse_decode_bf16(qc.data_ptr(), kc.data_ptr(), ic.data_ptr<int64_t>(), sk.data_ptr<float>(),
                                      out.data_ptr(), qc.size(0), qc.size(1), qc.size(2), ic.size(1),
                                      static_cast<float>(scale), at::cuda::getCurrentCUDAStream()),
-        "sparse_attention");
+        "sparse_attention_simt");
+  return out;
+}
+
+// 16-byte aligned copy of t (cp.async reads 16-byte chunks; a sliced tensor may start mid-chunk).
+static torch::Tensor aligned_contiguous(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+torch::Tensor sparse_attention_mma(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
+                                   double scale) {
+  check_attention_inputs(q, kv, indices, sink);
+  TORCH_CHECK(q.size(2) % 16 == 0 && q.size(2) > 0, "tensor-core attention needs a head dim multiple of 16");
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  auto qc = aligned_contiguous(q);
+  auto kc = aligned_contiguous(kv);
+  auto ic = indices.to(torch::kInt64).contiguous();
+  auto sk = sink.to(torch::kFloat32).contiguous();
+  auto out = torch::empty_like(qc);
+  const int rows = qc.size(0), heads = qc.size(1), dim = qc.size(2), topk = ic.size(1);
+  int splits = 1;
+  check(deepinfer_sparse_attention_mma_splits(rows, heads, topk, &splits), "sparse_attention_mma split count");
+  torch::Tensor workspace;  // split partials: fp32 O [splits, T, H, D] then (max, sum) [splits, T, H, 2]
+  if (splits > 1) workspace = torch::empty({static_cast<int64_t>(splits) * rows * heads * (dim + 2)},
+                                           qc.options().dtype(torch::kFloat32));
+  check(deepinfer_sparse_attention_mma_bf16(qc.data_ptr(), kc.data_ptr(), ic.data_ptr<int64_t>(), sk.data_ptr<float>(),
+                                            out.data_ptr(), splits > 1 ? workspace.data_ptr<float>() : nullptr, rows,
+                                            heads, dim, topk, splits, static_cast<float>(scale),
+                                            at::cuda::getCurrentCUDAStream()),
+        "sparse_attention_mma");
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_write", &cache_write, "quantise + pack + scatter KV records");
-  m.def("sparse_attention", &sparse_attention, "sparse MQA with sink (decode / verify rows)");
+  m.def("sparse_attention_simt", &sparse_attention_simt, "sparse MQA with sink (decode / verify rows), CUDA cores");
+  m.def("sparse_attention_mma", &sparse_attention_mma, "sparse MQA with sink (decode / verify rows), tensor cores");
 }

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .common import INTERPRETED, empty, next_pow2
 
-EMPTY_MAX = -1.0e30  # running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0
+EMPTY_MAX = tl.constexpr(-1.0e30)  # running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,14 @@ class AttentionConfig:
     splits: int = 0
 
 
-# Compiled default; benchmarks/kernels.py --sweep times the alternatives on the GPU at hand.
+# Compiled default; benchmarks/kernels.py --sweep times the candidates on the GPU at hand. Every candidate fits
+# the shared memory of sm_90 and sm_100 (tests/ops/test_triton_gpu_compile.py compiles them all for both).
 DEFAULT_CONFIG = AttentionConfig()
+CANDIDATE_CONFIGS = tuple(
+    AttentionConfig(hb, bk, warps, stages, splits)
+    for hb, bk, warps, stages in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 16, 4, 2), (32, 32, 4, 2),
+                                  (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 1), (64, 16, 8, 2))
+    for splits in (0, 1))
 TARGET_PROGRAMS = 264  # two waves of an H200's 132 multiprocessors
 
 

@@ -11,17 +11,22 @@ from .common import INTERPRETED, empty, next_pow2
 
 @triton.jit
 def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, H, D, N,
-                           HP: tl.constexpr, DP: tl.constexpr, BN: tl.constexpr):
-    """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for one query row and BN keys."""
+                           HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr):
+    """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for one query row and BN keys. The dot runs over BD
+    channels at a time: an fp32 FMA dot holds both operand tiles in registers, and full-width [HP, DP] and [BN, DP]
+    tiles spilled on sm_90 (255 registers, 624 local bytes at d = 128)."""
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     h = tl.arange(0, HP)
-    d = tl.arange(0, DP)
-    q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h[:, None] < H) & (d[None, :] < D), other=0.0)
     w = tl.load(w_ptr + t * H + h, mask=h < H, other=0.0).to(tl.float32)
-    keys = tl.load(k_ptr + n[:, None].to(tl.int64) * D + d[None, :], mask=(n[:, None] < N) & (d[None, :] < D),
-                   other=0.0)
-    dots = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee")  # [HP, BN]
+    dots = tl.zeros([HP, BN], tl.float32)
+    for d0 in tl.static_range(0, DP, BD):
+        d = d0 + tl.arange(0, BD)
+        q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h[:, None] < H) & (d[None, :] < D),
+                    other=0.0)
+        keys = tl.load(k_ptr + n[:, None].to(tl.int64) * D + d[None, :], mask=(n[:, None] < N) & (d[None, :] < D),
+                       other=0.0)
+        dots = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), dots, input_precision="ieee")  # [HP, BN]
     score = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
     tl.store(out_ptr + t * N + n, score, mask=n < N)
 
@@ -34,9 +39,10 @@ def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tens
     if t == 0 or n == 0:
         return out
     bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
+    dp = max(16, next_pow2(d))
     _indexer_scores_kernel[(t, triton.cdiv(n, bn))](
         q.contiguous(), head_weights.contiguous(), keys.contiguous(), out, h, d, n,
-        HP=max(16, next_pow2(h)), DP=max(16, next_pow2(d)), BN=bn)
+        HP=max(16, next_pow2(h)), DP=dp, BD=dp if INTERPRETED else min(dp, 32), BN=bn)
     return out
 
 
@@ -141,3 +147,14 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, block_size: int,
     bbn = max(16, min(next_pow2(n), 4096 if INTERPRETED else 1024))
     _expand_mask_kernel[(t, triton.cdiv(n, bbn))](ids, out, n, ids.shape[1], BS=block_size, BB=bbn)
     return out.bool()
+
+
+def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, k: int,
+                 candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused selection as the scoring and top-k kernels with the visibility / candidate masks between them."""
+    scores = indexer_scores(q, head_weights, keys)
+    entry = torch.arange(scores.shape[1], device=scores.device)
+    hidden = entry[None, :] >= visible[:, None]
+    if candidates is not None:
+        hidden = hidden | ~candidates
+    return topk_indices(scores.masked_fill(hidden, float("-inf")), k)

@@ -10,6 +10,11 @@
 
 namespace deepinfer {
 
+// Explicit widening: torch's extension build defines __CUDA_NO_BFLOAT16_CONVERSIONS__, which removes the implicit
+// __nv_bfloat16 -> float conversion.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
 template <int FMT, typename T>
 __global__ void __launch_bounds__(256) cache_write_kernel(const T* __restrict__ x, const int64_t* __restrict__ slots,
                                                           uint8_t* __restrict__ cache, int tokens, int dim,
@@ -24,8 +29,8 @@ __global__ void __launch_bounds__(256) cache_write_kernel(const T* __restrict__ 
   const int p = active ? static_cast<int>(pair % pairs_per_token) : 0;
   float x0 = 0.f, x1 = 0.f;
   if (active) {
-    x0 = static_cast<float>(x[static_cast<int64_t>(token) * dim + 2 * p]);
-    x1 = static_cast<float>(x[static_cast<int64_t>(token) * dim + 2 * p + 1]);
+    x0 = to_float(x[static_cast<int64_t>(token) * dim + 2 * p]);
+    x1 = to_float(x[static_cast<int64_t>(token) * dim + 2 * p + 1]);
   }
   float amax = fmaxf(fabsf(x0), fabsf(x1));
 #pragma unroll
