@@ -58,7 +58,7 @@ def pack_cache_records(x: torch.Tensor, fmt: str) -> torch.Tensor:
         return torch.cat((codes.flatten(1), scale_bytes), dim=1)
     if fmt == "nvfp4":
         amax = xb.abs().amax(dim=-1, keepdim=True).clamp(min=FP4_MAX * 2.0**-9)
-        scale_e4m3 = (amax / FP4_MAX).to(torch.float8_e4m3fn)
+        scale_e4m3 = (amax / FP4_MAX).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)  # saturating, as in quant.py
         scale = scale_e4m3.float()
         scale_bytes = scale_e4m3.view(torch.uint8).squeeze(-1)
     else:  # mxfp4

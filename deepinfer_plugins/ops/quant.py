@@ -73,7 +73,8 @@ def nvfp4_fake_quant(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     """Compressed-KV precision: E2M1 values with an E4M3 scale per 16 channels (no global scale)."""
     xb = _blocks(x, block)
     amax = xb.abs().amax(dim=-1, keepdim=True).clamp(min=FP4_MAX * 2.0**-9)
-    scale = (amax / FP4_MAX).to(torch.float8_e4m3fn).float()
+    # saturate explicitly: torch 2.11 casts an out-of-range value to NaN, torch 2.13 to 448
+    scale = (amax / FP4_MAX).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
     scaled = (xb / scale).clamp(-FP4_MAX, FP4_MAX)
     out = torch.sign(scaled) * e2m1_value(e2m1_code(scaled.abs())) * scale
     return out.reshape(x.shape).to(x.dtype)

@@ -6,8 +6,9 @@ logs one INFO line. CUDA kernels here: cache_write (fused quantise + pack + scat
 sparse_attention (bf16, head dim <= 512) in two variants, both callable directly for benchmarks:
   * ``sparse_attention_mma``  tensor cores (mma.sync m16n8k16), head dim a multiple of 16; the default.
   * ``sparse_attention_simt`` CUDA-core baseline, any head dim <= 512.
-Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma`` or ``simt``; unset / empty picks mma
-where its shape rule holds, else simt. Shapes neither variant takes (non-bf16 q, head dim > 512, or a forced
+Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma`` or ``simt``; unset / empty picks
+Triton's split-K kernel for decode batches under ``MMA_FROM_ROWS`` rows (faster there on the H200), else mma where
+its shape rule holds, else simt. Shapes neither variant takes (non-bf16 q, head dim > 512, or a forced
 variant's rule failing) go to the Triton kernel. Other ops use Triton on CUDA tensors.
 """
 
@@ -26,6 +27,9 @@ from ..registry import hookimpl
 logger = logging.getLogger(__name__)
 _FMT_ID = {"fp8_window": 0, "nvfp4": 1, "mxfp4": 2}
 ATTENTION_ENV = "DEEPINFER_CUDA_ATTENTION"
+# H200, H=64, D=512, K=640 (benchmarks/results/kernels_h200.md): Triton's split launch beats mma below this many
+# query rows (T=1: 9.3 against 18.8 us, T=8: 16.3 against 19.7 us); from T=64 on mma leads (47 against 61 us).
+MMA_FROM_ROWS = 32
 _ext = None
 
 
@@ -70,6 +74,10 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
     forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
     if forced not in ("", "mma", "simt"):
         raise ValueError(f"{ATTENTION_ENV}={forced!r}; expected 'mma', 'simt' or unset")
+    if not forced and q.shape[0] < MMA_FROM_ROWS:
+        from .triton_kernels.attention import sparse_attention as triton_attention
+
+        return triton_attention(q, kv_pool, indices, sink, softmax_scale)
     if forced != "simt" and _mma_fits(q):
         return sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale)
     if forced != "mma" and _simt_fits(q):

@@ -160,18 +160,19 @@ class RecordingExtension:
         self.calls.append("simt")
 
 
-@pytest.mark.parametrize("forced,dim,expected", [
-    ("", 512, "mma"), ("", 72, "simt"), ("mma", 512, "mma"), ("simt", 512, "simt"), ("mma", 72, "triton"),
+@pytest.mark.parametrize("forced,rows,dim,expected", [
+    ("", 64, 512, "mma"), ("", 64, 72, "simt"), ("", 1, 512, "triton"), ("", 31, 512, "triton"),
+    ("mma", 1, 512, "mma"), ("simt", 1, 512, "simt"), ("mma", 64, 72, "triton"),
 ])
-def test_attention_variant_dispatch(monkeypatch, forced, dim, expected):
+def test_attention_variant_dispatch(monkeypatch, forced, rows, dim, expected):
     recorder = RecordingExtension()
     monkeypatch.setattr(cuda_backend, "_ext", recorder)
     monkeypatch.setenv(cuda_backend.ATTENTION_ENV, forced)
     from deepinfer_plugins.ops.backends.triton_kernels import attention as triton_attention
 
     monkeypatch.setattr(triton_attention, "sparse_attention", lambda *args: recorder.calls.append("triton"))
-    q = torch.zeros(1, 2, dim, dtype=torch.bfloat16)
-    cuda_backend.sparse_attention(q, torch.zeros(4, dim, dtype=torch.bfloat16), torch.zeros(1, 3, dtype=torch.long),
+    q = torch.zeros(rows, 2, dim, dtype=torch.bfloat16)
+    cuda_backend.sparse_attention(q, torch.zeros(4, dim, dtype=torch.bfloat16), torch.zeros(rows, 3, dtype=torch.long),
                                   torch.zeros(2), 0.1)
     assert recorder.calls == [expected]
 

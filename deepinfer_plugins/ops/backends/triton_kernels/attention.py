@@ -34,15 +34,20 @@ class AttentionConfig:
     splits: int = 0
 
 
-# Compiled default; benchmarks/kernels.py --sweep times the candidates on the GPU at hand. Every candidate fits
-# the shared memory of sm_90 and sm_100 (tests/ops/test_triton_gpu_compile.py compiles them all for both).
+# Compiled defaults, from the H200 sweep (benchmarks/results/kernels_h200.md; H=64, D=512, K=640): below ~128 rows
+# 16-head tiles with key splits win (T=1: 9.3 us, T=8: 16.3 us, T=64 unsplit: 61 us); at 384 rows 64-head tiles
+# with 8 warps take 224 us against 370 us. benchmarks/kernels.py --sweep times every candidate on the GPU at hand;
+# each fits the shared memory of sm_90 and sm_100 (tests/ops/test_triton_gpu_compile.py compiles them all).
 DEFAULT_CONFIG = AttentionConfig()
+WIDE_CONFIG = AttentionConfig(head_block=64, key_block=32, num_warps=8, num_stages=2)
+WIDE_FROM_ROWS = 128
 CANDIDATE_CONFIGS = tuple(
     AttentionConfig(hb, bk, warps, stages, splits)
     for hb, bk, warps, stages in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 16, 4, 2), (32, 32, 4, 2),
                                   (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 1), (64, 16, 8, 2))
     for splits in (0, 1))
-TARGET_PROGRAMS = 264  # two waves of an H200's 132 multiprocessors
+SPLIT_BELOW_PROGRAMS = 132  # one wave of an H200's multiprocessors: fewer programs leave SMs idle
+TARGET_PROGRAMS = 264  # what a split launch aims for: two waves
 
 
 @triton.jit
@@ -121,9 +126,9 @@ def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, H, D, SPLITS: tl
 
 
 def split_count(t: int, head_blocks: int, k: int, key_block: int) -> int:
-    """Enough key splits to fill TARGET_PROGRAMS, each split at least two key blocks long."""
+    """Key splits for launches under one wave: enough to reach TARGET_PROGRAMS, each at least two key blocks."""
     programs = t * head_blocks
-    if programs >= TARGET_PROGRAMS:
+    if programs >= SPLIT_BELOW_PROGRAMS:
         return 1
     return max(1, min(-(-TARGET_PROGRAMS // programs), k // (2 * key_block)))
 
@@ -142,7 +147,7 @@ def sparse_attention(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tens
     pv_fp32 = INTERPRETED or q.dtype == torch.float32
     if INTERPRETED:  # the interpreter's cost is per program: one wide tile, no splits unless asked
         config = config or AttentionConfig(head_block=64, key_block=512, splits=1)
-    config = config or DEFAULT_CONFIG
+    config = config or (WIDE_CONFIG if t >= WIDE_FROM_ROWS else DEFAULT_CONFIG)
     hb = max(16, min(next_pow2(h), config.head_block))
     bk = max(16, min(next_pow2(k), config.key_block))
     head_blocks = triton.cdiv(h, hb)
