@@ -44,6 +44,7 @@ class Op:
     name: str
     reference: Callable
     backends: dict[str, Callable] = field(default_factory=dict)
+    forced_only: set[str] = field(default_factory=set)  # backends used only when DEEPINFER_OP_BACKEND names them
 
 
 class OpRegistry:
@@ -71,10 +72,14 @@ class OpRegistry:
 
         return wrap
 
-    def register_backend(self, op_name: str, backend: str, fn: Callable) -> None:
+    def register_backend(self, op_name: str, backend: str, fn: Callable, automatic: bool = True) -> None:
+        """``automatic=False``: a kernel that measured slower than the next choice; kept for forced runs and
+        benchmarks, skipped by the per-device preference."""
         if op_name not in self.ops:
             raise KeyError(f"backend {backend!r} registers unknown op {op_name!r}; known: {sorted(self.ops)}")
         self.ops[op_name].backends[backend] = fn
+        if not automatic:
+            self.ops[op_name].forced_only.add(backend)
 
     def mark_unavailable(self, backend: str, reason: str) -> None:
         if backend not in self._unavailable:
@@ -122,7 +127,7 @@ class OpRegistry:
         if forced == "reference":
             return op.reference
         for backend in DEVICE_PREFERENCE.get(device_type, ()):
-            if backend in op.backends:
+            if backend in op.backends and backend not in op.forced_only:
                 return op.backends[backend]
         return op.reference
 

@@ -195,10 +195,11 @@ def test_sinkhorn_and_coefficients(gen):
     streams = torch.randn(3, 4, 64, generator=gen).bfloat16()
     fn = torch.randn(24, 256, generator=gen) * 0.05
     base, scale = torch.randn(24, generator=gen), torch.rand(3, generator=gen)
-    got = mhc.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20)
     want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
-    for g, w in zip(got, want):
-        assert_close(g, w, atol=1e-5, rtol=1e-5)
+    for splits in (0, 3):  # the default and partial sums over input slices (what a GPU launch uses)
+        got = mhc.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20, splits)
+        for g, w in zip(got, want):
+            assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -10,39 +10,55 @@ from .common import INTERPRETED, empty, next_pow2
 
 
 @triton.jit
-def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, H, D, N,
-                           HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr):
-    """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for one query row and BN keys. The dot runs over BD
-    channels at a time: an fp32 FMA dot holds both operand tiles in registers, and full-width [HP, DP] and [BN, DP]
-    tiles spilled on sm_90 (255 registers, 624 local bytes at d = 128)."""
-    t = tl.program_id(0).to(tl.int64)
+def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, T, H, D, N, TB: tl.constexpr, HP: tl.constexpr,
+                           DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BF16_DOT: tl.constexpr):
+    """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for TB query rows and BN keys.
+
+    The TB * HP (row, head) pairs form one matrix against the key tile, so every key tile read from memory
+    serves TB queries. q and the keys are MXFP4 values (E2M1 times a power of two), exact in bf16: on a GPU the
+    dot runs on bf16 tensor cores with fp32 accumulation and gives the fp32 products exactly; only the summation
+    order differs from the reference. The interpreter has no bf16 dot, so it runs the same sum in fp32 (the GPU
+    tests check the bf16 path). The dot runs over BD channels at a time to bound registers."""
+    rows = tl.program_id(0) * TB + tl.arange(0, TB)  # [TB] query rows
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     h = tl.arange(0, HP)
-    w = tl.load(w_ptr + t * H + h, mask=h < H, other=0.0).to(tl.float32)
-    dots = tl.zeros([HP, BN], tl.float32)
+    pair_row = (rows[:, None] * H + h[None, :]).to(tl.int64)  # [TB, HP] rows of q viewed as [T * H, D]
+    pair_mask = (rows[:, None] < T) & (h[None, :] < H)
+    pair_row = tl.reshape(pair_row, [TB * HP])
+    pair_mask = tl.reshape(pair_mask, [TB * HP])
+    w = tl.load(w_ptr + pair_row, mask=pair_mask, other=0.0).to(tl.float32)  # [TB * HP]
+    dots = tl.zeros([TB * HP, BN], tl.float32)
     for d0 in tl.static_range(0, DP, BD):
         d = d0 + tl.arange(0, BD)
-        q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h[:, None] < H) & (d[None, :] < D),
+        q = tl.load(q_ptr + pair_row[:, None] * D + d[None, :], mask=pair_mask[:, None] & (d[None, :] < D),
                     other=0.0)
         keys = tl.load(k_ptr + n[:, None].to(tl.int64) * D + d[None, :], mask=(n[:, None] < N) & (d[None, :] < D),
                        other=0.0)
-        dots = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), dots, input_precision="ieee")  # [HP, BN]
-    score = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
-    tl.store(out_ptr + t * N + n, score, mask=n < N)
+        if BF16_DOT:
+            dots = tl.dot(q.to(tl.bfloat16), tl.trans(keys.to(tl.bfloat16)), dots)
+        else:
+            dots = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), dots, input_precision="ieee")
+    weighted = tl.reshape(tl.maximum(dots, 0.0) * w[:, None], [TB, HP, BN])
+    score = tl.sum(weighted, axis=1)  # [TB, BN]
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], score,
+             mask=(rows[:, None] < T) & (n[None, :] < N))
 
 
 def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """q [T, h, d] (MXFP4-rounded), head_weights [T, h], keys [N, d] -> fp32 [T, N]."""
+    """q [T, h, d] and keys [N, d] (MXFP4-rounded, as the op's contract says), head_weights [T, h] -> fp32 [T, N]."""
     t, h, d = q.shape
     n = keys.shape[0]
     out = empty((t, n), torch.float32, q.device)
     if t == 0 or n == 0:
         return out
+    hp = max(16, next_pow2(h))
+    tb = max(1, min(next_pow2(t), 128 // hp)) if not INTERPRETED else next_pow2(t)
     bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
     dp = max(16, next_pow2(d))
-    _indexer_scores_kernel[(t, triton.cdiv(n, bn))](
-        q.contiguous(), head_weights.contiguous(), keys.contiguous(), out, h, d, n,
-        HP=max(16, next_pow2(h)), DP=dp, BD=dp if INTERPRETED else min(dp, 32), BN=bn)
+    _indexer_scores_kernel[(triton.cdiv(t, tb), triton.cdiv(n, bn))](
+        q.contiguous(), head_weights.contiguous(), keys.contiguous(), out, t, h, d, n,
+        TB=tb, HP=hp, DP=dp, BD=dp if INTERPRETED else min(dp, 64), BN=bn,
+        BF16_DOT=not INTERPRETED)
     return out
 
 
@@ -151,10 +167,13 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, block_size: int,
 
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, k: int,
                  candidates: torch.Tensor | None = None) -> torch.Tensor:
-    """The fused selection as the scoring and top-k kernels with the visibility / candidate masks between them."""
+    """The fused selection: the scoring kernel, the visibility / candidate masks, then whichever top-k the registry
+    picks for this device (the Triton one is forced-only on CUDA, where sorting is faster)."""
+    from ... import topk_indices as selected_topk
+
     scores = indexer_scores(q, head_weights, keys)
     entry = torch.arange(scores.shape[1], device=scores.device)
     hidden = entry[None, :] >= visible[:, None]
     if candidates is not None:
         hidden = hidden | ~candidates
-    return topk_indices(scores.masked_fill(hidden, float("-inf")), k)
+    return selected_topk(scores.masked_fill(hidden, float("-inf")), k)

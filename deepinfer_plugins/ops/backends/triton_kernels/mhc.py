@@ -35,20 +35,38 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _hc_mix_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, M, hc_eps, norm_eps,
-                   MP: tl.constexpr, BK: tl.constexpr):
-    """One token: mix[m] = (x . fn[m]) * rsqrt(mean(x^2) + eps); logits -> pre, post, comb logits."""
+def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, MP: tl.constexpr, BK: tl.constexpr):
+    """One token, one slice of the S*d inputs: partial x . fn[m] for every mixing logit m and partial sum(x^2).
+    Products accumulate elementwise and are reduced once at the end (a cross-thread reduction per step costs
+    more than the loads); slices let a decode batch of a few tokens fill the GPU."""
+    t = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    splits = tl.num_programs(1)
+    m = tl.arange(0, MP)
+    acc = tl.zeros([MP, BK], tl.float32)
+    sq = tl.zeros([BK], tl.float32)
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    for k0 in range(k_begin, k_end, BK):
+        k = k0 + tl.arange(0, BK)
+        x = tl.load(x_ptr + t * K + k, mask=k < k_end, other=0.0).to(tl.float32)
+        f = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=(m[:, None] < M) & (k[None, :] < k_end), other=0.0)
+        acc += f.to(tl.float32) * x[None, :]
+        sq += x * x
+    tl.store(part_ptr + (t * splits + split) * MP + m, tl.sum(acc, axis=1))
+    tl.store(sq_ptr + t * splits + split, tl.sum(sq, axis=0))
+
+
+@triton.jit
+def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, M, hc_eps,
+                          norm_eps, SPLITS: tl.constexpr, SP: tl.constexpr, MP: tl.constexpr):
+    """mix[m] = (x . fn[m]) * rsqrt(mean(x^2) + eps) from the slices; logits -> pre, post, comb logits."""
     t = tl.program_id(0).to(tl.int64)
     m = tl.arange(0, MP)
-    acc = tl.zeros([MP], tl.float32)
-    sq = tl.zeros([BK], tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        x = tl.load(x_ptr + t * K + k, mask=k < K, other=0.0).to(tl.float32)
-        f = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
-        acc += tl.sum(f.to(tl.float32) * x[None, :], axis=1)
-        sq += x * x
-    mix = acc * (1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + norm_eps))
+    s = tl.arange(0, SP)
+    parts = tl.load(part_ptr + (t * SPLITS + s[:, None]) * MP + m[None, :], mask=s[:, None] < SPLITS, other=0.0)
+    sq = tl.sum(tl.load(sq_ptr + t * SPLITS + s, mask=s < SPLITS, other=0.0), axis=0)
+    mix = tl.sum(parts, axis=0) * (1.0 / tl.sqrt(sq / K + norm_eps))
     g0 = tl.load(scale_ptr)
     g1 = tl.load(scale_ptr + 1)
     g2 = tl.load(scale_ptr + 2)
@@ -60,17 +78,32 @@ def _hc_mix_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_p
     tl.store(comb_ptr + t * S * S + (m - 2 * S), logit, mask=(m >= 2 * S) & (m < M))
 
 
-def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_eps: float):
-    """streams [T, S, d], fn [(2+S)*S, S*d] -> (pre [T, S], post [T, S], comb [T, S, S]) fp32."""
+TARGET_PROGRAMS = 264  # two waves of an H200's 132 multiprocessors
+
+
+def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, splits: int = 0):
+    """streams [T, S, d], fn [(2+S)*S, S*d] -> (pre [T, S], post [T, S], comb [T, S, S]) fp32.
+
+    ``splits`` slices of the S*d inputs per token; 0 picks enough to fill the GPU (one under the interpreter)."""
     t, s, d = streams.shape
     k, mm = s * d, (2 + s) * s
     pre = empty((t, s), torch.float32, streams.device)
     post = empty((t, s), torch.float32, streams.device)
     comb_logits = empty((t, s, s), torch.float32, streams.device)
     if t:
-        _hc_mix_kernel[(t,)](streams.contiguous(), fn.float().contiguous(), base.float().contiguous(),
-                             scale.float().contiguous(), pre, post, comb_logits, s, k, mm, float(hc_eps),
-                             float(norm_eps), MP=next_pow2(mm), BK=min(next_pow2(k), 4096 if INTERPRETED else 256))
+        mp = next_pow2(mm)
+        if not splits:
+            splits = 1 if INTERPRETED else max(1, min(triton.cdiv(TARGET_PROGRAMS, t), triton.cdiv(k, 8 * 128)))
+        bk = min(next_pow2(triton.cdiv(k, splits)), 4096 if INTERPRETED else 128)
+        k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
+        splits = triton.cdiv(k, k_per_split)
+        partials = torch.empty(t, splits, mp, dtype=torch.float32, device=streams.device)
+        squares = torch.empty(t, splits, dtype=torch.float32, device=streams.device)
+        _hc_mix_partial_kernel[(t, splits)](streams.contiguous(), fn.float().contiguous(), partials, squares, k, mm,
+                                            k_per_split, MP=mp, BK=bk)
+        _hc_mix_finish_kernel[(t,)](partials, squares, base.float().contiguous(), scale.float().contiguous(), pre,
+                                    post, comb_logits, s, k, mm, float(hc_eps), float(norm_eps), SPLITS=splits,
+                                    SP=next_pow2(splits), MP=mp)
     return pre, post, sinkhorn(comb_logits, iters, hc_eps)
 
 
