@@ -206,11 +206,28 @@ def attention_variants(device: str) -> dict:
     return variants
 
 
+def gemm_variants(device: str) -> dict:
+    """Named linear_fp8 / linear_fp4 implementations to sweep: every Triton tile configuration of both ops."""
+    variants = {}
+    if device != "cuda":
+        return variants
+    from deepinfer_plugins.ops.backends.triton_kernels import gemm as triton_gemm
+
+    for op_name in ("linear_fp8", "linear_fp4"):
+        launcher = getattr(triton_gemm, op_name)
+        for c in triton_gemm.CANDIDATE_CONFIGS:
+            name = (f"{op_name} triton bm{c.block_m} bn{c.block_n} bk{c.block_k} w{c.num_warps} s{c.num_stages} "
+                    f"{'auto-split' if c.split_k == 0 else 'no-split'}")
+            variants[name] = lambda *a, c=c, launcher=launcher: launcher(*a, config=c)
+    return variants
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--check", action="store_true", help="compare each backend with the reference first")
-    parser.add_argument("--sweep", action="store_true", help="also time every sparse-attention variant")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time every sparse-attention and linear_fp8 / linear_fp4 variant")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.md"))
     args = parser.parse_args()
@@ -219,6 +236,7 @@ def main() -> None:
     bw, mm = copy_bandwidth(device), matrix_rate(device)
     print(json.dumps(dict(copy_GBps=round(bw / 1e9, 1), bf16_matmul_TFLOPs=round(mm / 1e12, 1))), flush=True)
     sweep = attention_variants(device) if args.sweep else {}
+    gemm_sweep = gemm_variants(device) if args.sweep else {}
     rows, failures = [], []
     for case in cases(device, args.quick):
         op_name = case.name.split("[")[0]
@@ -228,6 +246,8 @@ def main() -> None:
             impls.update((b, ops.registry.ops[op_name].backends[b]) for b in ops.registry.backends_of(op_name)[1:])
             if op_name == "sparse_attention":
                 impls.update(sweep)
+            if op_name in ("linear_fp8", "linear_fp4"):
+                impls.update((name, fn) for name, fn in gemm_sweep.items() if name.startswith(op_name + " "))
         first = case.args_list[0]
         ref_out = None
         reference_seconds = None

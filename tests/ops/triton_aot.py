@@ -136,7 +136,7 @@ def _launches() -> list[Launch]:
     (V4.1: b = 64 decode tokens, 8 with --quick). Only dtypes, shapes and constexprs reach the compiler, so the
     tensors are zeros and the pools small."""
     from deepinfer_plugins import ops
-    from deepinfer_plugins.ops.backends.triton_kernels import attention, indexer, mhc, misc, quant
+    from deepinfer_plugins.ops.backends.triton_kernels import attention, gemm, indexer, mhc, misc, quant
 
     f32, bf16 = torch.float32, torch.bfloat16
     z = torch.zeros
@@ -198,6 +198,28 @@ def _launches() -> list[Launch]:
                 z(rows, 64, 512, dtype=bf16), z(640, 512, dtype=bf16), z(rows, 640, dtype=torch.int64), z(64),
                 512 ** -0.5, config=config)
 
+    # fused dequantise + GEMM: the tests' shapes, then V4.1's dense / expert projections with every candidate tiling
+    for out_features, in_features in ((70, 96), (64, 160)):
+        w8, s8 = ops.quantize_fp8_weight(torch.randn(out_features, in_features))
+        w4, s4 = ops.quantize_fp4_weight(torch.randn(out_features, in_features))
+        for dtype in (f32, bf16):
+            for rows in (1, 5, 64):
+                add(f"linear_fp8 {out_features}x{in_features} M={rows} {dtype}", gemm.linear_fp8,
+                    z(rows, in_features, dtype=dtype), w8, s8)
+                add(f"linear_fp4 {out_features}x{in_features} M={rows} {dtype}", gemm.linear_fp4,
+                    z(rows, in_features, dtype=dtype), w4, s4)
+        add(f"linear_fp8 {out_features}x{in_features} fp32 scale", gemm.linear_fp8, z(3, in_features), w8, s8.float())
+    for out_features, in_features in ((2304, 5120), (5120, 2304)):
+        w8 = z(out_features, in_features, dtype=torch.float8_e4m3fn)
+        s8 = z(-(-out_features // 32), in_features // 32, dtype=torch.float8_e8m0fnu)
+        w4 = z(out_features, in_features // 2, dtype=torch.int8)
+        s4 = z(out_features, in_features // 32, dtype=torch.float8_e8m0fnu)
+        for rows in (1, 8, 64, 384):
+            for config in (None, *gemm.CANDIDATE_CONFIGS):
+                label = f"V4.1 {out_features}x{in_features} M={rows} {config or 'default'}"
+                add(f"linear_fp8 {label}", gemm.linear_fp8, z(rows, in_features, dtype=bf16), w8, s8, config=config)
+                add(f"linear_fp4 {label}", gemm.linear_fp4, z(rows, in_features, dtype=bf16), w4, s4, config=config)
+
     # indexer, top-k, pre-filter
     add("indexer_scores fp32", indexer.indexer_scores, z(3, 32, 128), z(3, 32), z(200, 128))
     for b, n_keys in ((64, 32768), (8, 8192)):
@@ -246,10 +268,10 @@ def _launches() -> list[Launch]:
 
 # ---- compile and report -------------------------------------------------------------------------------------------
 def _jit_functions() -> dict[str, triton.runtime.jit.JITFunction]:
-    from deepinfer_plugins.ops.backends.triton_kernels import attention, common, indexer, mhc, misc, quant
+    from deepinfer_plugins.ops.backends.triton_kernels import attention, common, gemm, indexer, mhc, misc, quant
 
     return {f"{module.__name__.rsplit('.', 1)[1]}.{name}": obj
-            for module in (attention, common, indexer, mhc, misc, quant)
+            for module in (attention, common, gemm, indexer, mhc, misc, quant)
             for name, obj in vars(module).items()
             if isinstance(obj, triton.runtime.jit.JITFunction) and obj.__module__ == module.__name__}
 
