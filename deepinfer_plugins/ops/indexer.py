@@ -12,6 +12,18 @@ from .reference import indexer_scores, topk_indices
 from .registry import registry
 
 
+def masked_indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
+                          candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """Indexer scores [T, N] with -inf wherever query t may not select entry n (n >= visible[t], or outside
+    ``candidates``): the input of the top-k step, exposed so that tests can swap the selection rule alone."""
+    scores = indexer_scores.reference(q, head_weights, keys)
+    entry = torch.arange(scores.shape[1], device=scores.device)
+    scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+    if candidates is not None:
+        scores = scores.masked_fill(~candidates, float("-inf"))
+    return scores
+
+
 @registry.reference("indexer_topk")
 def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, k: int,
                  candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -21,9 +33,4 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor
     may see (entries >= visible never count); candidates [T, N] bool, where given, further limits the choice
     (the two-level pre-filter of the layers after the candidate source).
     """
-    scores = indexer_scores.reference(q, head_weights, keys)
-    entry = torch.arange(scores.shape[1], device=scores.device)
-    scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
-    if candidates is not None:
-        scores = scores.masked_fill(~candidates, float("-inf"))
-    return topk_indices.reference(scores, k)
+    return topk_indices.reference(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)

@@ -10,8 +10,9 @@ Ties: with random weights and only 2 indexer heads, a quarter of all indexer sco
 relu clips), so the top-k and candidate-block selections meet exact ties all the time. The oracle breaks them
 in whatever order CPU ``torch.topk`` happens to produce, which depends on the row length; our reference breaks
 them towards the lower entry id, which keeps incremental decoding equal to the full forward. For this
-comparison only, the two selection ops are switched to a ``torch.topk`` backend (registered below) so that
-everything else is compared exactly; test_tie_order_is_the_only_difference shows the ties are what differs.
+comparison only, the selection ops (top-k, candidate blocks, the fused indexer top-k) are switched to a
+``torch.topk`` backend (registered below) so that everything else is compared exactly;
+test_tie_order_is_the_only_difference shows the ties are what differs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
+from deepinfer_plugins.ops.indexer import masked_indexer_scores
 
 from ..conftest import prompt
 
@@ -62,13 +64,19 @@ def torch_candidate_mask(scores, visible, block_size, top_blocks):
     return keep.repeat_interleave(block_size, 1)[:, :n]
 
 
+def torch_indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+    return torch_topk_indices(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)
+
+
 ops.registry.register_backend("topk_indices", "torch_topk", torch_topk_indices)
 ops.registry.register_backend("candidate_mask", "torch_topk", torch_candidate_mask)
+ops.registry.register_backend("indexer_topk", "torch_topk", torch_indexer_topk)
 
 
 @pytest.fixture
 def oracle_tie_order(monkeypatch):
-    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "topk_indices=torch_topk,candidate_mask=torch_topk")
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND",
+                       "topk_indices=torch_topk,candidate_mask=torch_topk,indexer_topk=torch_topk")
 
 
 def oracle_logits(checkpoint: Path, ids: list[int], tmp_path: Path) -> np.ndarray:
@@ -114,8 +122,12 @@ def test_tie_order_is_the_only_difference(tmp_path):
         scores_seen.append(scores)
         return original(scores, k)
 
+    def recording_indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+        return recording(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)
+
     ops.registry.register_backend("topk_indices", "recording", recording)
-    os.environ["DEEPINFER_OP_BACKEND"] = "topk_indices=recording"
+    ops.registry.register_backend("indexer_topk", "recording", recording_indexer_topk)
+    os.environ["DEEPINFER_OP_BACKEND"] = "topk_indices=recording,indexer_topk=recording"
     try:
         ours = model(ids)
     finally:
