@@ -6,8 +6,11 @@ Backends are discovered through pluggy: every module named in the ``deepinfer.op
 Triton, a compiled extension or ``torch_npu``. A backend that cannot load is skipped with one INFO line.
 
 Selection, per call, by the device of the first tensor argument: ``cuda`` tries the upstream wrappers (deepgemm,
-flashinfer), then our cuda kernels, then triton; ``npu`` tries ascend; everything falls back to ``reference``. ``DEEPINFER_OP_BACKEND`` forces a choice: either one backend
-name for every op (``triton``) or a comma list of ``op=backend`` pairs (``fp8_quant=triton,sinkhorn=reference``).
+flashinfer), then our cuda kernels, then triton; ``npu`` tries ascend; everything falls back to ``reference``.
+A backend declines a call outside its kernel's shapes or formats by returning ``NotImplemented``, and the next
+choice takes it, so no backend needs to know which one follows it. ``DEEPINFER_OP_BACKEND`` forces a choice
+(then only that backend and the reference are tried): either one backend name for every op (``triton``) or a
+comma list of ``op=backend`` pairs (``fp8_quant=triton,sinkhorn=reference``).
 """
 
 from __future__ import annotations
@@ -62,7 +65,12 @@ class OpRegistry:
             self.ops[name] = Op(name, fn)
 
             def dispatch(*args, **kwargs):
-                return self.select(name, _first_device(args))(*args, **kwargs)
+                *backends, reference = self.candidates(name, _first_device(args))
+                for backend in backends:
+                    result = backend(*args, **kwargs)
+                    if result is not NotImplemented:
+                        return result
+                return reference(*args, **kwargs)
 
             dispatch.__name__ = fn.__name__
             dispatch.__doc__ = fn.__doc__
@@ -113,23 +121,28 @@ class OpRegistry:
                 return backend.strip()
         return None
 
-    def select(self, name: str, device_type: str) -> Callable:
+    def candidates(self, name: str, device_type: str) -> list[Callable]:
+        """Implementations to try, in order, ending with the reference. A backend declines a call it cannot take
+        exactly (a shape, dtype or format outside its kernel) by returning ``NotImplemented``; the next one runs."""
         self.discover()
         op = self.ops[name]
         forced = self.forced(name)
         if forced is not None and forced != "reference":
             if forced in op.backends:
-                return op.backends[forced]
+                return [op.backends[forced], op.reference]
             if forced in self._unavailable:
-                return op.reference
+                return [op.reference]
             known = sorted(op.backends) + ["reference"]
             raise OpBackendError(f"DEEPINFER_OP_BACKEND asks for {forced!r} for op {name!r}; available: {known}")
         if forced == "reference":
-            return op.reference
-        for backend in DEVICE_PREFERENCE.get(device_type, ()):
-            if backend in op.backends and backend not in op.forced_only:
-                return op.backends[backend]
-        return op.reference
+            return [op.reference]
+        preferred = [op.backends[backend] for backend in DEVICE_PREFERENCE.get(device_type, ())
+                     if backend in op.backends and backend not in op.forced_only]
+        return [*preferred, op.reference]
+
+    def select(self, name: str, device_type: str) -> Callable:
+        """The first implementation a call on ``device_type`` tries."""
+        return self.candidates(name, device_type)[0]
 
     def backends_of(self, name: str) -> list[str]:
         self.discover()

@@ -3,7 +3,8 @@
 ``torch_npu`` is imported inside each call, never at import or discovery, so this module loads on any machine.
 It registers only where ``torch.npu`` exists (torch_npu installed and its backend auto-loaded); elsewhere the
 registry logs one INFO line. Ops without a fused NPU op run the reference, which is plain torch and runs on
-NPU tensors as is; so does a mapped op called outside the NPU op's documented limits (dtype, n, D, k).
+NPU tensors as is; a mapped op called outside the NPU op's documented limits (dtype, n, D, k) declines
+(``NotImplemented``) and the reference runs it.
 
 Mappings (none has run on Ascend hardware; kernels/ascend/tests check the calls with a fake torch_npu that
 computes each op's documented formula). "Documented" = the torch_npu API page (prototype, formula, shapes);
@@ -35,7 +36,7 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     tie at the k-th score is broken (we take the lower id) and that the NPU's summation order never moves a
     near-tie; the order of the returned ids and the value of unused slots (third-party goldens say descending
     and -1) are not relied on: ids outside [0, visible) become -1 and the row is sorted ascending. Layers with a
-    candidate mask, which the op cannot take, run the reference. q and keys are cast to bf16, exact for the
+    candidate mask, which the op cannot take, are declined. q and keys are cast to bf16, exact for the
     MXFP4-quantised values the op contract promises (2 mantissa bits).
   * fp8_fake_quant / mxfp4_fake_quant -> npu_dynamic_mx_quant (block 32, round mode "rint"), opt-in with
     DEEPINFER_ASCEND_MX_QUANT=1 because whether its UE8M0 rule is DeepGEMM's ceil (ours) or OCP's floor is not
@@ -48,8 +49,6 @@ import os
 
 import torch
 
-from .. import reference
-from ..indexer import indexer_topk as indexer_topk_op
 from ..registry import hookimpl
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -80,7 +79,7 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
 def sinkhorn(logits, iters, eps):
     n = logits.shape[-1]
     if n not in MHC_STREAMS or logits.shape[-2] != n or not 1 <= iters <= 100:
-        return reference.sinkhorn.reference(logits, iters, eps)
+        return NotImplemented
     mixing, _, _ = _npu().npu_mhc_sinkhorn(logits.float().contiguous(), eps=float(eps), num_iters=int(iters))
     return mixing
 
@@ -88,7 +87,7 @@ def sinkhorn(logits, iters, eps):
 def hc_coefficients(streams, fn, base, scale, iters, hc_eps, norm_eps):
     _, n_streams, width = streams.shape
     if streams.dtype not in HALF_DTYPES or n_streams not in MHC_STREAMS or width % 16 or width > 16384:
-        return reference.hc_coefficients.reference(streams, fn, base, scale, iters, hc_eps, norm_eps)
+        return NotImplemented
     _, post, comb_logits, _, _, pre = _npu().npu_mhc_pre(
         streams, fn.float(), scale.float(), base.float(), norm_eps=float(norm_eps), hc_eps=float(hc_eps), out_flag=1)
     return pre, post, sinkhorn(comb_logits, iters, hc_eps)
@@ -96,7 +95,7 @@ def hc_coefficients(streams, fn, base, scale, iters, hc_eps, norm_eps):
 
 def hc_expand(streams, out, post, comb):
     if streams.dtype not in HALF_DTYPES or out.dtype != streams.dtype:
-        return reference.hc_expand.reference(streams, out, post, comb)
+        return NotImplemented
     return _npu().npu_mhc_post(streams, comb.float(), out, post.float())
 
 
@@ -104,7 +103,7 @@ def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
     t, heads, dim = q.shape
     n_entries = keys.shape[0]
     if candidates is not None or heads > 64 or dim != 128 or not 1 <= k <= 2048 or t == 0 or n_entries == 0:
-        return indexer_topk_op.reference(q, head_weights, keys, visible, k, candidates)
+        return NotImplemented
     n_pages = -(-n_entries // PAGE_ROWS)
     pages = keys.new_zeros(n_pages * PAGE_ROWS, dim, dtype=torch.bfloat16)
     pages[:n_entries] = keys

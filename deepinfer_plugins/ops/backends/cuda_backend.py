@@ -6,10 +6,11 @@ logs one INFO line. CUDA kernels here: cache_write (fused quantise + pack + scat
 sparse_attention (bf16, head dim <= 512) in two variants, both callable directly for benchmarks:
   * ``sparse_attention_mma``  tensor cores (mma.sync m16n8k16), head dim a multiple of 16; the default.
   * ``sparse_attention_simt`` CUDA-core baseline, any head dim <= 512.
-Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma`` or ``simt``; unset / empty picks
-Triton's split-K kernel for decode batches under ``MMA_FROM_ROWS`` rows (faster there on the H200), else mma where
-its shape rule holds, else simt. Shapes neither variant takes (non-bf16 q, head dim > 512, or a forced
-variant's rule failing) go to the Triton kernel. Other ops use Triton on CUDA tensors.
+Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma`` or ``simt``; unset / empty declines
+decode batches under ``MMA_FROM_ROWS`` rows (Triton's split-K kernel, the registry's next choice, is faster there
+on the H200), else picks mma where its shape rule holds, else simt. Shapes neither variant takes (non-bf16 q,
+head dim > 512, or a forced variant's rule failing) are declined too and go to the Triton kernel. Other ops use
+Triton on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -46,9 +47,7 @@ def _extension():
 
 def cache_write(cache, slots, x, fmt):
     if fmt not in CACHE_FORMATS or x.shape[-1] % 32:
-        from ..cache import cache_write as ref
-
-        return ref.reference(cache, slots, x, fmt)
+        return NotImplemented
     return _extension().cache_write(cache, slots.long(), x, _FMT_ID[fmt], record_bytes(fmt, x.shape[-1]))
 
 
@@ -75,16 +74,12 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
     if forced not in ("", "mma", "simt"):
         raise ValueError(f"{ATTENTION_ENV}={forced!r}; expected 'mma', 'simt' or unset")
     if not forced and q.shape[0] < MMA_FROM_ROWS:
-        from .triton_kernels.attention import sparse_attention as triton_attention
-
-        return triton_attention(q, kv_pool, indices, sink, softmax_scale)
+        return NotImplemented
     if forced != "simt" and _mma_fits(q):
         return sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale)
     if forced != "mma" and _simt_fits(q):
         return sparse_attention_simt(q, kv_pool, indices, sink, softmax_scale)
-    from .triton_kernels.attention import sparse_attention as triton_attention
-
-    return triton_attention(q, kv_pool, indices, sink, softmax_scale)
+    return NotImplemented
 
 
 @hookimpl

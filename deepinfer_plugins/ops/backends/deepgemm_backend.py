@@ -15,9 +15,10 @@ Per architecture:
   * SM90: only gran_k 128 with FP32 scales, i.e. the classic recipe (1, 128, 128); no FP4 operand. The 32x32
     block scales are therefore folded into one scale per 128x128 block: each 32x32 block is shifted down by
     the power of two between its scale and its tile's largest, which is exact exactly when every shifted E4M3
-    value stays representable; a weight for which that fails runs the reference. Activations: E4M3 with one
+    value stays representable; a weight for which that fails is declined. Activations: E4M3 with one
     power-of-two scale per token per 128 columns. ``linear_fp4`` is not registered on SM90.
-A shape DeepGEMM cannot take exactly (in_features not a multiple of 128, no tokens) runs the reference.
+A shape DeepGEMM cannot take exactly (in_features not a multiple of 128, no tokens) is declined (``NotImplemented``):
+the registry's next choice (FlashInfer, Triton's fused kernel, the reference) runs it.
 None of this has run against a real DeepGEMM; tests/ops/test_gemm_ops.py checks the calls against a fake.
 """
 
@@ -27,7 +28,6 @@ import functools
 
 import torch
 
-from .. import gemm
 from ..quant import fp8_block_quant
 from ..registry import hookimpl
 
@@ -84,14 +84,14 @@ def _declines(x: torch.Tensor, in_features: int) -> bool:
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, arch: int) -> torch.Tensor:
     out_features, in_features = weight.shape
     if _declines(x, in_features):
-        return gemm.linear_fp8.reference(x, weight, scale)
+        return NotImplemented
     x2d = x.reshape(-1, in_features)
     if arch == 10:
         a = _quantize_activation(x2d, WEIGHT_BLOCK)
         return _gemm(x, a, (weight, scale.float()), out_features, (1, WEIGHT_BLOCK, WEIGHT_BLOCK))
     converted = requantize_to_128_blocks(weight, scale)
     if converted is None:
-        return gemm.linear_fp8.reference(x, weight, scale)
+        return NotImplemented
     a = _quantize_activation(x2d, SM90_BLOCK)
     return _gemm(x, a, converted, out_features, (1, SM90_BLOCK, SM90_BLOCK))
 
@@ -99,7 +99,7 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, ar
 def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, arch: int) -> torch.Tensor:
     out_features, in_features = weight.shape[0], weight.shape[1] * 2
     if arch != 10 or _declines(x, in_features):
-        return gemm.linear_fp4.reference(x, weight, scale)
+        return NotImplemented
     a = _quantize_activation(x.reshape(-1, in_features), WEIGHT_BLOCK)
     return _gemm(x, a, (weight.view(torch.int8), scale.float()), out_features, (1, 1, WEIGHT_BLOCK))
 

@@ -15,8 +15,9 @@ Both weight formats become an MXFP8 operand exactly:
   * FP4: every E2M1 value (0, 0.5, ..., 6 with sign) is exactly an E4M3 value, so the codes are re-encoded to E4M3
     bytes (one byte per weight instead of half: the cost of using the FP8 kernel) and keep their [n, k/32] scales.
 Activations: E4M3 with one power-of-two scale per token per 32 columns (the same rule as the reference's
-``fp8_block_quant``). A call FlashInfer cannot take exactly runs the reference: in_features not a multiple of 128,
-out_features below 128 (``mm_mxfp8``'s minimum), activations that are not bf16 / fp16, or no tokens.
+``fp8_block_quant``). A call FlashInfer cannot take exactly is declined (``NotImplemented``, the registry's next
+choice runs it): in_features not a multiple of 128, out_features below 128 (``mm_mxfp8``'s minimum), activations
+that are not bf16 / fp16, or no tokens.
 None of this has run against a real FlashInfer; tests/ops/test_gemm_ops.py checks the calls against a fake.
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import gemm
 from ..quant import E2M1_GRID, fp8_block_quant
 from ..registry import hookimpl
 
@@ -80,7 +80,7 @@ def _declines(x: torch.Tensor, out_features: int, in_features: int) -> bool:
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     out_features, in_features = weight.shape
     if _declines(x, out_features, in_features):
-        return gemm.linear_fp8.reference(x, weight, scale)
+        return NotImplemented
     row_scale = _e8m0_bytes(scale).repeat_interleave(MX_BLOCK, 0)[:out_features]
     return _mm_mxfp8(x, weight.contiguous(), row_scale)
 
@@ -88,7 +88,7 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
 def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     out_features, in_features = weight.shape[0], weight.shape[1] * 2
     if _declines(x, out_features, in_features):
-        return gemm.linear_fp4.reference(x, weight, scale)
+        return NotImplemented
     return _mm_mxfp8(x, e2m1_to_e4m3(weight), _e8m0_bytes(scale))
 
 

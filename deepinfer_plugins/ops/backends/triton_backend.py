@@ -2,7 +2,7 @@
 
 Runs CUDA tensors compiled and CPU tensors under the interpreter (``TRITON_INTERPRET=1``, which must be set
 before the first dispatch). A call that Triton cannot run here (a CPU tensor without the interpreter, or an
-accelerator Triton does not target) falls back to the reference with one INFO line per op.
+accelerator Triton does not target) is declined with one INFO line per op, and the reference runs it.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def _first_tensor(args) -> torch.Tensor | None:
     return None
 
 
-def _make(registry, op_name: str, module: str):
-    reference = registry.ops[op_name].reference
+def _make(op_name: str, module: str):
     launcher = None
 
     def run(*args, **kwargs):
@@ -62,7 +61,7 @@ def _make(registry, op_name: str, module: str):
                 _fallback_logged.add(op_name)
                 logger.info("triton cannot run op %r on %s tensors (set TRITON_INTERPRET=1 for CPU); using the "
                             "reference", op_name, first.device.type)
-            return reference(*args, **kwargs)
+            return NotImplemented
         return launcher(*args, **kwargs)
 
     run.__name__ = f"triton_{op_name}"
@@ -73,5 +72,5 @@ def _make(registry, op_name: str, module: str):
 def deepinfer_register_ops(registry) -> None:
     for op_name, module in OPS.items():
         if op_name in registry.ops:
-            registry.register_backend(op_name, "triton", _make(registry, op_name, module),
+            registry.register_backend(op_name, "triton", _make(op_name, module),
                                       automatic=op_name not in FORCED_ONLY)

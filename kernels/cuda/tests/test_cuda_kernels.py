@@ -161,20 +161,21 @@ class RecordingExtension:
 
 
 @pytest.mark.parametrize("forced,rows,dim,expected", [
-    ("", 64, 512, "mma"), ("", 64, 72, "simt"), ("", 1, 512, "triton"), ("", 31, 512, "triton"),
-    ("mma", 1, 512, "mma"), ("simt", 1, 512, "simt"), ("mma", 64, 72, "triton"),
+    ("", 64, 512, "mma"), ("", 64, 72, "simt"), ("", 1, 512, "declined"), ("", 31, 512, "declined"),
+    ("mma", 1, 512, "mma"), ("simt", 1, 512, "simt"), ("mma", 64, 72, "declined"),
 ])
 def test_attention_variant_dispatch(monkeypatch, forced, rows, dim, expected):
+    """Declined calls (NotImplemented) go to the registry's next choice, Triton."""
     recorder = RecordingExtension()
     monkeypatch.setattr(cuda_backend, "_ext", recorder)
     monkeypatch.setenv(cuda_backend.ATTENTION_ENV, forced)
-    from deepinfer_plugins.ops.backends.triton_kernels import attention as triton_attention
-
-    monkeypatch.setattr(triton_attention, "sparse_attention", lambda *args: recorder.calls.append("triton"))
     q = torch.zeros(rows, 2, dim, dtype=torch.bfloat16)
-    cuda_backend.sparse_attention(q, torch.zeros(4, dim, dtype=torch.bfloat16), torch.zeros(rows, 3, dtype=torch.long),
-                                  torch.zeros(2), 0.1)
-    assert recorder.calls == [expected]
+    result = cuda_backend.sparse_attention(q, torch.zeros(4, dim, dtype=torch.bfloat16),
+                                           torch.zeros(rows, 3, dtype=torch.long), torch.zeros(2), 0.1)
+    if expected == "declined":
+        assert result is NotImplemented and recorder.calls == []
+    else:
+        assert recorder.calls == [expected]
 
 
 def test_attention_variant_env_rejects_unknown_names(monkeypatch):
