@@ -113,6 +113,25 @@ def sparse_attention_case(rows: int, device: str, g, rotations: int) -> Case:
     return Case(f"sparse_attention[T={rows}]", args_list, nbytes, rows * 2 * 2 * heads * keys * dim, True)
 
 
+def sparse_attention_records_case(rows: int, device: str, g, rotations: int) -> Case:
+    """The same attention reading the caches as stored: 128 fp8_window records (528 B) and 512 nvfp4 records
+    (288 B) per row, every row's records distinct."""
+    heads, dim, window, selected = 64, 512, 128, 512
+    args_list = []
+    for _ in range(rotations):
+        window_cache = ops.pack_cache_records(torch.randn(rows * window, dim, generator=g), "fp8_window").to(device)
+        compressed_cache = ops.pack_cache_records(torch.randn(rows * selected, dim, generator=g), "nvfp4").to(device)
+        window_slots = (torch.arange(rows)[:, None] * window + torch.arange(window)[None, :]).to(device)
+        compressed_slots = (torch.arange(rows)[:, None] * selected + torch.stack(
+            [torch.randperm(selected, generator=g) for _ in range(rows)])).to(device)
+        q = torch.randn(rows, heads, dim, generator=g).to(device, torch.bfloat16)
+        sink = torch.randn(heads, generator=g).to(device)
+        args_list.append((q, window_cache, window_slots, compressed_cache, compressed_slots, sink, dim ** -0.5))
+    nbytes = rows * (window * 528 + selected * 288 + 2 * heads * dim * 2 + (window + selected) * 8)
+    flops = rows * 2 * 2 * heads * (window + selected) * dim
+    return Case(f"sparse_attention_records[T={rows}]", args_list, nbytes, flops, True)
+
+
 def cases(device: str, quick: bool) -> list[Case]:
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -166,6 +185,7 @@ def cases(device: str, quick: bool) -> list[Case]:
     rotations = 1 if device == "cpu" else 4  # last: with --sweep these are most of the run
     for rows in ((8,) if quick or device == "cpu" else SPARSE_ROWS):
         out.append(sparse_attention_case(rows, device, g, rotations))
+        out.append(sparse_attention_records_case(rows, device, g, rotations))
     return out
 
 

@@ -42,11 +42,11 @@ __all__ = [
 
 # Kernel-facing ops (issue 6): quantised cache records and fused Engram / CSA2 steps.
 from .cache import CACHE_FORMATS, cache_gather, cache_write, pack_cache_records, record_bytes, unpack_cache_records
-from .fused import csa2_compress, engram_gate, engram_gather
+from .fused import csa2_compress, engram_gate, engram_gather, sparse_attention_records
 
 __all__ += [
     "CACHE_FORMATS", "cache_gather", "cache_write", "csa2_compress", "engram_gate", "engram_gather",
-    "pack_cache_records", "record_bytes", "unpack_cache_records",
+    "pack_cache_records", "record_bytes", "sparse_attention_records", "unpack_cache_records",
 ]
 
 # Fused indexer selection (scores + masks + top-k), the op the Ascend lightning indexer maps onto.

@@ -1,7 +1,8 @@
-"""References for fused ops that the V4.1 model runs as several steps: Engram gather + gate, CSA2 pooling.
+"""References for fused ops that the V4.1 model runs as several steps: Engram gather + gate, CSA2 pooling,
+sparse attention straight from the quantised cache records.
 
-Each is the composition of the model's own steps (engram.py, attention.py ``Compressor``) written once, so a
-kernel that fuses them has one truth to match.
+Each is the composition of the model's own steps (engram.py, attention.py ``Compressor``, the cache ops) written
+once, so a kernel that fuses them has one truth to match.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import math
 
 import torch
 
+from .cache import cache_gather
 from .quant import dequant_fp8_rows
-from .reference import rms_norm
+from .reference import rms_norm, sparse_attention
 from .registry import registry
 
 
@@ -52,3 +54,23 @@ def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_we
     grouped_v = values.float().unflatten(0, (-1, ratio))  # [G, r, c]
     weights = gates.float().unflatten(0, (-1, ratio)).softmax(dim=1)  # [G, r, c]
     return rms_norm.reference((weights * grouped_v).sum(dim=1).to(dtype), norm_weight, eps)
+
+
+@registry.reference("sparse_attention_records")
+def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
+                             compressed_cache: torch.Tensor, compressed_slots: torch.Tensor, sink: torch.Tensor,
+                             softmax_scale: float) -> torch.Tensor:
+    """``sparse_attention`` over keys read from the quantised caches as stored (spec §8): per query row t its
+    window keys are ``fp8_window`` records window_cache[window_slots[t]] (528 B at D = 512) and its selected
+    compressed entries ``nvfp4`` records compressed_cache[compressed_slots[t]] (288 B); slot -1 = unused.
+
+    q [T, H, D]; window_slots [T, W], compressed_slots [T, C]; sink [H] -> [T, H, D] in q's dtype. A decode
+    kernel that reads the records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
+    """
+    dim = q.shape[-1]
+    window = cache_gather.reference(window_cache, window_slots, "fp8_window", dim, q.dtype)  # [T, W, D]
+    compressed = cache_gather.reference(compressed_cache, compressed_slots, "nvfp4", dim, q.dtype)  # [T, C, D]
+    slots = torch.cat((window_slots, compressed_slots), dim=1)  # [T, W + C]
+    pool = torch.cat((window, compressed), dim=1).flatten(0, 1)  # row t * (W + C) + j holds key j of query t
+    rows = torch.arange(slots.numel(), device=q.device).view_as(slots)
+    return sparse_attention.reference(q, pool, torch.where(slots >= 0, rows, -1), sink, softmax_scale)

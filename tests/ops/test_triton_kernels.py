@@ -133,6 +133,32 @@ def test_sparse_attention_key_splits(splits, head_block, key_block, gen):
     assert_close(got, ops.sparse_attention.reference(q, pool, idx, sink, 0.2), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,splits", [(64, 1), (64, 3), (512, 0)])
+def test_sparse_attention_from_cache_records(d, splits, dtype, gen):
+    """Keys decoded from fp8_window and nvfp4 records in the kernel: -1 slots anywhere, a row without keys
+    (zeros), a row with window keys only, splits that cross from the window segment into the compressed one."""
+    t, h, w, c = 4, 20, 9, 14
+    window_cache = ops.pack_cache_records(torch.randn(12, d, generator=gen), "fp8_window")
+    compressed_cache = ops.pack_cache_records(torch.randn(30, d, generator=gen), "nvfp4")
+    window_slots = torch.randint(0, 12, (t, w), generator=gen)
+    compressed_slots = torch.randint(0, 30, (t, c), generator=gen)
+    window_slots = torch.where(torch.rand(t, w, generator=gen) < 0.2, -1, window_slots)
+    compressed_slots = torch.where(torch.rand(t, c, generator=gen) < 0.2, -1, compressed_slots)
+    window_slots[0], compressed_slots[0] = -1, -1
+    compressed_slots[1] = -1
+    q = torch.randn(t, h, d, generator=gen).to(dtype)
+    sink = torch.randn(h, generator=gen)
+    config = attention.AttentionConfig(head_block=16, key_block=16, splits=splits)
+    got = attention.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
+                                             sink, d ** -0.5, config=config)
+    want = ops.sparse_attention_records.reference(q, window_cache, window_slots, compressed_cache, compressed_slots,
+                                                  sink, d ** -0.5)
+    assert (got[0] == 0).all()
+    atol, rtol = ATTN_TOL[dtype]
+    assert_close(got, want, atol=atol, rtol=rtol, cos=1e-4)
+
+
 def test_sparse_attention_multi_token_verify_over_a_wrapped_window(gen):
     """DSpark verify: 4 query rows, each with its own window (ring slots wrap) plus compressed entries."""
     window, d, h = 8, 32, 16

@@ -192,6 +192,18 @@ def _launches() -> list[Launch]:
         add(f"sparse_attention splits={splits} hb={hb} bk={bk}", attention.sparse_attention, z(3, 20, 64), z(50, 64),
             z(3, 75, dtype=torch.int64), z(20), 0.2, config=config)
     sweep = [None, *attention.CANDIDATE_CONFIGS]
+    for dtype in (f32, bf16):
+        for splits in (1, 3):
+            add(f"sparse_attention_records d=64 splits={splits} {dtype}", attention.sparse_attention_records,
+                z(4, 20, 64, dtype=dtype), z(12, 66, dtype=torch.uint8), z(4, 9, dtype=torch.int64),
+                z(30, 36, dtype=torch.uint8), z(4, 14, dtype=torch.int64), z(20), 0.125,
+                config=attention.AttentionConfig(head_block=16, key_block=16, splits=splits))
+    for rows in (1, 8, 64, 384):
+        for config in sweep:
+            add(f"sparse_attention_records V4.1 T={rows} {config or 'default'}", attention.sparse_attention_records,
+                z(rows, 64, 512, dtype=bf16), z(rows * 128, 528, dtype=torch.uint8),
+                z(rows, 128, dtype=torch.int64), z(rows * 512, 288, dtype=torch.uint8),
+                z(rows, 512, dtype=torch.int64), z(64), 512 ** -0.5, config=config)
     for rows in (1, 8, 64, 384):
         for config in sweep:
             add(f"sparse_attention V4.1 T={rows} {config or 'default'}", attention.sparse_attention,

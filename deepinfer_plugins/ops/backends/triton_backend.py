@@ -23,7 +23,7 @@ OPS = {
     "dequant_fp8_weight": "quant", "dequant_fp4_weight": "quant", "dequant_fp8_rows": "quant",
     "pack_cache_records": "quant", "unpack_cache_records": "quant", "cache_write": "quant", "cache_gather": "quant",
     "engram_gather": "quant",
-    "sparse_attention": "attention",
+    "sparse_attention": "attention", "sparse_attention_records": "attention",
     "linear_fp8": "gemm", "linear_fp4": "gemm",
     "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer", "indexer_topk": "indexer",
     "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_expand": "mhc",
