@@ -18,9 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, next_pow2, ue8m0_decode
+from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, next_pow2, split_count, ue8m0_decode
 
-EMPTY_MAX = tl.constexpr(-1.0e30)  # running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0
+# Running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0 rather than NaN.
+EMPTY_MAX = tl.constexpr(-1.0e30)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,6 @@ CANDIDATE_CONFIGS = tuple(
     for hb, bk, warps, stages in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 16, 4, 2), (32, 32, 4, 2),
                                   (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 32, 8, 1), (64, 16, 8, 2))
     for splits in (0, 1))
-SPLIT_BELOW_PROGRAMS = 132  # one wave of an H200's multiprocessors: fewer programs leave SMs idle
-TARGET_PROGRAMS = 264  # what a split launch aims for: two waves
 
 
 @triton.jit
@@ -204,14 +203,6 @@ def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, H, D, SPLITS: tl
     tl.store(o_ptr + (t * H + h) * D + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
-def split_count(t: int, head_blocks: int, k: int, key_block: int) -> int:
-    """Key splits for launches under one wave: enough to reach TARGET_PROGRAMS, each at least two key blocks."""
-    programs = t * head_blocks
-    if programs >= SPLIT_BELOW_PROGRAMS:
-        return 1
-    return max(1, min(-(-TARGET_PROGRAMS // programs), k // (2 * key_block)))
-
-
 def _plan(q: torch.Tensor, k: int, config: AttentionConfig | None) -> tuple[dict, tuple, int]:
     """-> (kernel constexprs and launch options, grid, keys per split) for T = q rows and k keys per row."""
     t, h, d = q.shape
@@ -221,7 +212,7 @@ def _plan(q: torch.Tensor, k: int, config: AttentionConfig | None) -> tuple[dict
     hb = max(16, min(next_pow2(h), config.head_block))
     bk = max(16, min(next_pow2(k), config.key_block))
     head_blocks = triton.cdiv(h, hb)
-    splits = config.splits or split_count(t, head_blocks, k, bk)
+    splits = config.splits or split_count(t * head_blocks, k // bk, min_blocks_per_split=2)
     splits = max(1, min(splits, triton.cdiv(k, bk)))
     keys_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
     splits = triton.cdiv(k, keys_per_split)

@@ -45,6 +45,19 @@ def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
+ONE_WAVE_PROGRAMS = 132  # an H200's multiprocessors: a launch with fewer programs leaves some idle
+SPLIT_TARGET_PROGRAMS = 2 * ONE_WAVE_PROGRAMS
+
+
+def split_count(programs: int, blocks: int, min_blocks_per_split: int) -> int:
+    """How many slices to cut a launch's reduction loop of ``blocks`` steps into (each slice its own program,
+    partial results combined afterwards): none for a launch of one wave or more; otherwise enough to reach two
+    waves, keeping at least ``min_blocks_per_split`` steps per slice so each still pipelines its loads."""
+    if programs >= ONE_WAVE_PROGRAMS:
+        return 1
+    return max(1, min(-(-SPLIT_TARGET_PROGRAMS // programs), blocks // min_blocks_per_split))
+
+
 TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 

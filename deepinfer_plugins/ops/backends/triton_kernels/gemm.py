@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, ue8m0_decode
+from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, split_count, ue8m0_decode
 
 SCALE_BLOCK = 32  # the checkpoint's scale granularity along K (and along N for FP8's 32x32 blocks)
 
@@ -56,8 +56,6 @@ CANDIDATE_CONFIGS = tuple(
                                       (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3),
                                       (128, 128, 64, 8, 3), (128, 128, 32, 8, 4))
     for split in (0, 1))
-SPLIT_BELOW_PROGRAMS = 132  # one wave of an H200's multiprocessors
-TARGET_PROGRAMS = 264  # what a split launch aims for: two waves
 MIN_K_BLOCKS_PER_SPLIT = 4  # fewer leaves the software pipeline nothing to overlap
 
 
@@ -132,14 +130,6 @@ def default_config(rows: int, dtype: torch.dtype) -> GemmConfig:
     return MEDIUM_M_CONFIG if rows >= MEDIUM_FROM_ROWS else SMALL_M_CONFIG
 
 
-def split_count(tiles: int, k_blocks: int) -> int:
-    """K splits for launches under one wave: enough to reach TARGET_PROGRAMS, each at least
-    MIN_K_BLOCKS_PER_SPLIT blocks of K."""
-    if tiles >= SPLIT_BELOW_PROGRAMS:
-        return 1
-    return max(1, min(-(-TARGET_PROGRAMS // tiles), k_blocks // MIN_K_BLOCKS_PER_SPLIT))
-
-
 def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: bool,
             config: GemmConfig | None) -> torch.Tensor:
     n = weight.shape[0]
@@ -163,7 +153,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: boo
     bn, bk = config.block_n, config.block_k
     tiles = triton.cdiv(rows, bm) * triton.cdiv(n, bn)
     k_blocks = triton.cdiv(k, bk)
-    splits = max(1, min(config.split_k or split_count(tiles, k_blocks), k_blocks))
+    splits = max(1, min(config.split_k or split_count(tiles, k_blocks, MIN_K_BLOCKS_PER_SPLIT), k_blocks))
     k_per_split = triton.cdiv(k_blocks, splits) * bk
     splits = triton.cdiv(k, k_per_split)
     launch = dict(BM=bm, BN=bn, BK=bk, FP4=fp4, SCALE_ROWS=1 if fp4 else SCALE_BLOCK, SCALE_BYTES=scale_bytes,

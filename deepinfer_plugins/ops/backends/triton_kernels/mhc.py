@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, next_pow2
+from .common import INTERPRETED, empty, next_pow2, split_count
 
 
 @triton.jit
@@ -78,9 +78,6 @@ def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_p
     tl.store(comb_ptr + t * S * S + (m - 2 * S), logit, mask=(m >= 2 * S) & (m < M))
 
 
-TARGET_PROGRAMS = 264  # two waves of an H200's 132 multiprocessors
-
-
 def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, splits: int = 0):
     """streams [T, S, d], fn [(2+S)*S, S*d] -> (pre [T, S], post [T, S], comb [T, S, S]) fp32.
 
@@ -93,7 +90,7 @@ def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_ep
     if t:
         mp = next_pow2(mm)
         if not splits:
-            splits = 1 if INTERPRETED else max(1, min(triton.cdiv(TARGET_PROGRAMS, t), triton.cdiv(k, 8 * 128)))
+            splits = 1 if INTERPRETED else split_count(t, triton.cdiv(k, 128), min_blocks_per_split=8)
         bk = min(next_pow2(triton.cdiv(k, splits)), 4096 if INTERPRETED else 128)
         k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
         splits = triton.cdiv(k, k_per_split)
