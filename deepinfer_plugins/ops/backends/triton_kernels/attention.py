@@ -8,6 +8,10 @@ Decode batches are small: T rows x H/HB head blocks can leave most multiprocesso
 split (flash-decoding): each split writes its unnormalised partial output with its running max and sum, and a
 combine kernel folds the splits and the sink together. With one split the sink seeds the running max and sum
 (its value vector is zero) and the output is written directly.
+
+``sparse_attention_records`` runs the same online softmax over keys decoded in registers from the quantised
+cache records (fp8_window for the window, nvfp4 for the selected compressed entries), so a decode step reads
+528 or 288 bytes per key instead of a bf16 row's 1024.
 """
 
 from __future__ import annotations
