@@ -94,6 +94,14 @@ class OpRegistry:
             self._unavailable[backend] = reason
             logger.info("deepinfer op backend %r unavailable (%s); using the reference", backend, reason)
 
+    def cuda_major(self, backend: str) -> int | None:
+        """The CUDA device's major compute capability (9 = Hopper, 10 = Blackwell), or None after marking
+        ``backend`` unavailable when torch has no CUDA device: the first check of every CUDA backend."""
+        if torch.version.cuda and torch.cuda.is_available():
+            return torch.cuda.get_device_capability()[0]
+        self.mark_unavailable(backend, "torch has no CUDA device")
+        return None
+
     def discover(self) -> None:
         if self._discovered:
             return

@@ -84,8 +84,7 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
 
 @hookimpl
 def deepinfer_register_ops(registry) -> None:
-    if not (torch.version.cuda and torch.cuda.is_available()):
-        registry.mark_unavailable("cuda", "torch has no CUDA device")
+    if registry.cuda_major("cuda") is None:
         return
     registry.register_backend("cache_write", "cuda", cache_write)
     registry.register_backend("sparse_attention", "cuda", sparse_attention)

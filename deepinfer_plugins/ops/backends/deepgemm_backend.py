@@ -106,10 +106,9 @@ def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, ar
 
 @hookimpl
 def deepinfer_register_ops(registry) -> None:
-    if not (torch.version.cuda and torch.cuda.is_available()):
-        registry.mark_unavailable("deepgemm", "torch has no CUDA device")
+    arch = registry.cuda_major("deepgemm")
+    if arch is None:
         return
-    arch = torch.cuda.get_device_capability()[0]
     if arch not in (9, 10):
         registry.mark_unavailable("deepgemm", f"DeepGEMM GEMMs need SM90 or SM100, this device is SM{arch}x")
         return

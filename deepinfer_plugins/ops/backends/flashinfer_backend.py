@@ -94,10 +94,9 @@ def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
 
 @hookimpl
 def deepinfer_register_ops(registry) -> None:
-    if not (torch.version.cuda and torch.cuda.is_available()):
-        registry.mark_unavailable("flashinfer", "torch has no CUDA device")
+    arch = registry.cuda_major("flashinfer")
+    if arch is None:
         return
-    arch = torch.cuda.get_device_capability()[0]
     if arch != 10:
         registry.mark_unavailable("flashinfer", f"mm_mxfp8 is wrapped for SM100 only, this device is SM{arch}x")
         return
