@@ -13,7 +13,7 @@ from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41.linear import Linear
 from deepinfer_plugins.ops.backends import deepgemm_backend, flashinfer_backend
 from deepinfer_plugins.ops.quant import quantize_fp4_weight, quantize_fp8_weight
-from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP
+from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP, OpRegistry
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # The backends quantise activations to E4M3 (3 mantissa bits, round to nearest: relative error <= 2^-4 per
@@ -117,11 +117,14 @@ def test_select_prefers_deepgemm_then_flashinfer_on_cuda(monkeypatch):
     assert ops.registry.backends_of("linear_fp8")[0] == "reference"
 
 
-class _RecordingRegistry:
+class _RecordingRegistry(OpRegistry):
+    """The real registry's checks (``cuda_major``), with registrations and refusals recorded instead of applied."""
+
     def __init__(self):
+        super().__init__()
         self.registered, self.unavailable = {}, {}
 
-    def register_backend(self, op_name, backend, fn):
+    def register_backend(self, op_name, backend, fn, automatic=True):
         self.registered[(op_name, backend)] = fn
 
     def mark_unavailable(self, backend, reason):
