@@ -48,7 +48,8 @@ def fill_cache(model: DeepseekV41Model, context: int, generator: torch.Generator
     cache = model.new_cache()
     span = min(context, args.sliding_window)
     for layer in range(args.num_hidden_layers):
-        cache.write_window(layer, torch.randn(span, args.head_dim, generator=generator), context - span)
+        cache.window_records(layer, torch.randn(span, args.head_dim, generator=generator), context - span,
+                             context - span)
     for source in args.kv_source_layer_ids:
         state, ratio = cache.compressed(source), args.layer_ratios[source]
         state.latents.append(torch.randn(context // ratio, args.head_dim, generator=generator))

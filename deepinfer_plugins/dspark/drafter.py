@@ -52,8 +52,8 @@ class DraftState:
     def __init__(self, args: ModelArgs, num_stages: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", max_rollback: int = 0):
         self.window, self.max_rollback = args.sliding_window, max_rollback
-        self.rings = [WindowRing(args.sliding_window + max_rollback, args.head_dim, dtype, device,
-                                 f"mtp.{s} context") for s in range(num_stages)]
+        self.rings = [WindowRing(torch.zeros(args.sliding_window + max_rollback, args.head_dim, dtype=dtype,
+                                             device=device), f"mtp.{s} context") for s in range(num_stages)]
         self.num_tokens = 0
 
     def context_keys(self, stage: int, end: int) -> torch.Tensor:

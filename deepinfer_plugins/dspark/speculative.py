@@ -119,7 +119,7 @@ class SpeculativeDecoder:
             raise ValueError("prompt_ids is empty")
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         device = model.embed.weight.device
-        cache = SequenceCache(model.args, model.dtype, device, max_rollback=self.block_size)
+        cache = SequenceCache(model.args, device, max_rollback=self.block_size)
         self.drafts.remove_request(REQUEST)
         self.drafts.add_request(REQUEST)
         self.stats = SpeculativeStats(self.block_size)

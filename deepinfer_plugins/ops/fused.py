@@ -64,13 +64,19 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
     window keys are ``fp8_window`` records window_cache[window_slots[t]] (528 B at D = 512) and its selected
     compressed entries ``nvfp4`` records compressed_cache[compressed_slots[t]] (288 B); slot -1 = unused.
 
-    q [T, H, D]; window_slots [T, W], compressed_slots [T, C]; sink [H] -> [T, H, D] in q's dtype. A decode
-    kernel that reads the records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
+    q [T, H, D]; window_slots [T, W], compressed_slots [T, C]; sink [H] -> [T, H, D] in q's dtype. The caches
+    may be row-strided views (an engine's cache row holds more than the record). A decode kernel that reads the
+    records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
     """
     dim = q.shape[-1]
-    window = cache_gather.reference(window_cache, window_slots, "fp8_window", dim, q.dtype)  # [T, W, D]
-    compressed = cache_gather.reference(compressed_cache, compressed_slots, "nvfp4", dim, q.dtype)  # [T, C, D]
-    slots = torch.cat((window_slots, compressed_slots), dim=1)  # [T, W + C]
-    pool = torch.cat((window, compressed), dim=1).flatten(0, 1)  # row t * (W + C) + j holds key j of query t
-    rows = torch.arange(slots.numel(), device=q.device).view_as(slots)
-    return sparse_attention.reference(q, pool, torch.where(slots >= 0, rows, -1), sink, softmax_scale)
+    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
+    valid = slots >= 0
+    used, rows = torch.unique(slots[valid], return_inverse=True)  # decode every stored key once
+    in_window = used < window_cache.shape[0]
+    pool = torch.empty(used.numel(), dim, dtype=q.dtype, device=q.device)
+    pool[in_window] = cache_gather.reference(window_cache, used[in_window], "fp8_window", dim, q.dtype)
+    pool[~in_window] = cache_gather.reference(compressed_cache, used[~in_window] - window_cache.shape[0], "nvfp4",
+                                              dim, q.dtype)
+    indices = torch.full_like(slots, -1)
+    indices[valid] = rows
+    return sparse_attention.reference(q, pool, indices, sink, softmax_scale)

@@ -12,9 +12,10 @@ Where V4.1's cache lives. V4.1 keeps per layer a window of FP8 latents, per KV-s
 (one entry per ``ratio`` tokens) with indexer keys and an open compressor group, and the last few token ids
 for Engram (kv_cache.py). SGLang 0.5.23's generic MHA/MLA token pools have no such layout, and upstream's
 own V4 pool belongs to upstream's model. ``SlotStore`` therefore keeps every per-token item in buffers
-indexed by SGLang's slot id: the window latent of position p at slot(p), compressed entry j at the slot of
-the last token of its group (so the entry exists exactly while SGLang keeps that slot), an open group's
-compressor inputs at their tokens' slots, the token id at slot(p). A sequence's state is thus a pure
+indexed by SGLang's slot id, the caches as the byte records of ops/cache.py: the window record of position p
+at slot(p), compressed entry j and its indexer key at the slot of the last token of its group (so the entry
+exists exactly while SGLang keeps that slot), an open group's compressor inputs (fp32) at their tokens' slots,
+the token id at slot(p). A sequence's state is thus a pure
 function of its slot list, which is what SGLang's radix-cache prefix sharing, chunked prefill and
 speculative rollback (freeing rejected slots) assume. Cost: SGLang still allocates its own (unused)
 token pool for the config's head sizes; a DeepInfer KV-pool class would remove that and is not written.
@@ -40,7 +41,10 @@ from torch import nn
 
 from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
-from ..models.deepseek_v41.kv_cache import CompressedKV, GrowingBuffer
+from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, CompressedKV,
+                                             MappedRecords)
+from ..ops import cache_write
+from ..ops.cache import record_bytes
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
 
 logger = logging.getLogger(__name__)
@@ -73,9 +77,9 @@ class UnsupportedInputError(ValueError):
 class SlotStore:
     """V4.1's per-token state in buffers indexed by SGLang KV slot id (see the module docstring).
 
-    window[layer]      [slots, head_dim]        window latent of the token in that slot (activation dtype)
-    entries[src]       [slots, head_dim]        compressed entry whose group ends at that slot (rotated, NVFP4)
-    index_keys[src]    [slots, index_head_dim]  its indexer key
+    window[layer]      [slots, 528] uint8       fp8_window record of the token's window latent (head_dim 512)
+    entries[src]       [slots, 288] uint8       nvfp4 record of the compressed entry whose group ends there
+    index_keys[src]    [slots, 68] uint8        mxfp4 record of its indexer key
     pending_v/g[src]   [slots, head_dim] fp32   compressor inputs of a token whose group is still open
     tokens             [slots] int64            token id (Engram n-gram history)
     """
@@ -103,11 +107,14 @@ class SlotStore:
                 buf[: old.shape[0]] = old
             return buf
 
+        window_bytes = record_bytes(WINDOW_FORMAT, a.head_dim)
         for layer in range(a.num_hidden_layers):
-            self.window[layer] = grown(self.window.get(layer), a.head_dim, self.dtype)
+            self.window[layer] = grown(self.window.get(layer), window_bytes, torch.uint8)
+        entry_bytes, key_bytes = record_bytes(COMPRESSED_FORMAT, a.head_dim), record_bytes(INDEX_KEY_FORMAT,
+                                                                                           a.index_head_dim)
         for src in a.kv_source_layer_ids:
-            self.entries[src] = grown(self.entries.get(src), a.head_dim, self.dtype)
-            self.index_keys[src] = grown(self.index_keys.get(src), a.index_head_dim, self.dtype)
+            self.entries[src] = grown(self.entries.get(src), entry_bytes, torch.uint8)
+            self.index_keys[src] = grown(self.index_keys.get(src), key_bytes, torch.uint8)
             self.pending_v[src] = grown(self.pending_v.get(src), a.head_dim, torch.float32)
             self.pending_g[src] = grown(self.pending_g.get(src), a.head_dim, torch.float32)
         tokens = torch.zeros(new, dtype=torch.long, device=self.device)
@@ -125,29 +132,30 @@ class SlotSequenceState:
 
     def __init__(self, store: SlotStore, slots: torch.Tensor, start_pos: int):
         self.store, self.slots, self.num_tokens = store, slots, start_pos
-        self._compressed: dict[int, tuple[CompressedKV, int]] = {}
+        self._compressed: dict[int, CompressedKV] = {}
 
-    def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
-        return self.store.window[layer][self.slots[first:end]]
-
-    def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
-        self.store.window[layer][self.slots[start_pos: start_pos + latents.shape[0]]] = latents.to(self.store.dtype)
+    def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
+                       first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        end = start_pos + latents.shape[0]
+        cache_write(self.store.window[layer], self.slots[start_pos:end], latents, WINDOW_FORMAT)
+        return self.store.window[layer], self.slots[first:end]
 
     def compressed(self, source_layer: int) -> CompressedKV:
         if source_layer not in self._compressed:
             s, ratio = self.store, self.store.args.layer_ratios[source_layer]
             n = self.num_tokens // ratio  # complete groups before this forward
-            group_ends = self.slots[torch.arange(n, device=self.slots.device) * ratio + ratio - 1]
-            latents = GrowingBuffer(s.args.head_dim, s.dtype, s.device)
-            latents.append(s.entries[source_layer][group_ends])
-            keys = GrowingBuffer(s.args.index_head_dim, s.dtype, s.device)
-            keys.append(s.index_keys[source_layer][group_ends])
+
+            def group_end(entries: torch.Tensor) -> torch.Tensor:  # entry j lives at the slot of its last token
+                return self.slots[(entries * ratio + ratio - 1).to(self.slots.device)]
+
+            latents = MappedRecords(s.entries[source_layer], COMPRESSED_FORMAT, s.args.head_dim, group_end, n)
+            keys = MappedRecords(s.index_keys[source_layer], INDEX_KEY_FORMAT, s.args.index_head_dim, group_end, n)
             open_slots = self.slots[n * ratio: self.num_tokens]
             state = CompressedKV(ratio=ratio, latents=latents, index_keys=keys,
                                  pending_values=s.pending_v[source_layer][open_slots],
                                  pending_gates=s.pending_g[source_layer][open_slots])
-            self._compressed[source_layer] = (state, n)
-        return self._compressed[source_layer][0]
+            self._compressed[source_layer] = state
+        return self._compressed[source_layer]
 
     def ngram_history(self) -> list[int]:
         keep = self.store.args.engram_max_ngram_size - 1
@@ -160,15 +168,11 @@ class SlotSequenceState:
         self.num_tokens += token_ids.numel()
 
     def commit(self) -> None:
-        """Write the compressed entries and open-group inputs this forward produced back to their slots."""
+        """Write the open-group inputs this forward left back to their slots (entries and index keys were
+        written to their group-end slots as they were published)."""
         s = self.store
-        for src, (state, n_before) in self._compressed.items():
+        for src, state in self._compressed.items():
             ratio = state.ratio
-            new = torch.arange(n_before, state.num_entries, device=self.slots.device)
-            if new.numel():
-                ends = self.slots[new * ratio + ratio - 1]
-                s.entries[src][ends] = state.latents.rows[n_before:].to(s.dtype)
-                s.index_keys[src][ends] = state.index_keys.rows[n_before:].to(s.dtype)
             n_open = state.pending_values.shape[0]
             if n_open:
                 first_open = state.num_entries * ratio

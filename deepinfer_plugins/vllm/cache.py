@@ -1,45 +1,79 @@
 """V4.1's caches in vLLM's paged memory, behind the core model's ``SequenceState`` interface.
 
-vLLM allocates one paged tensor per cache owner and hands each step a block table per cache group. Two kinds
-of owners (registered in ``static_forward_context`` so the runner finds them):
+vLLM allocates one paged tensor per cache owner and hands each step a block table per cache group. Three kinds
+of owners (registered in ``static_forward_context`` so the runner finds them), all byte tables (uint8 rows):
   * one window cache per layer (sliding-window spec: blocks that leave the window are reused), a row per
-    token: [latent (head_dim), token id, position, padding]. The stored position lets every read check that the
-    slot holds the token it should; the token ids give Engram its n-gram history;
+    token: [fp8_window record (528 B at head_dim 512), int32 token id, int32 position]. The stored position
+    lets every read check that the slot holds the token it should; the token ids give Engram its n-gram history;
   * one compressed cache per KV-source layer (``tokens_per_state = ratio``), a row per group of ``ratio``
-    tokens: [NVFP4 latent (head_dim), MXFP4 index key (index_head_dim), compressor inputs (wkv, wgate) of the
-    group's first ratio - 1 tokens]. Those inputs are written as each token is processed, so a request can
-    resume at any position (prefix-cache hit, chunked prefill, recompute after preemption, or a speculative
-    step whose last tokens were rejected) and rebuild its open group from vLLM's memory alone.
-Rows are padded so every page is a whole multiple of the window page; vLLM can then put all caches in one
-pool. Values are stored dequantised in float32 (the reference precision, and exact for token ids and
-positions); the packed byte records of the GPU kernels are the kernel backends' business.
+    tokens: [nvfp4 entry record (288 B), mxfp4 index-key record (68 B)];
+  * one compressor-input cache per KV-source layer with ratio > 1 (sliding window of ``ratio`` tokens), a row
+    per token: [fp32 wkv(x), fp32 wgate(x), int32 position]. A group is pooled once its last token arrives, so
+    only the inputs of the open group are ever read; they are written as each token is processed, so a request
+    can resume at any position (prefix-cache hit, chunked prefill, recompute after preemption, or a speculative
+    step whose last tokens were rejected) and rebuild its open group from vLLM's memory alone, and the window
+    keeps that state bounded per request instead of growing with the sequence.
+The records are the byte images of ops/cache.py, written by ``ops.cache_write`` and read by the attention kernel
+as stored (``ops.sparse_attention_records`` takes the row-strided record columns of these tables), so a token
+costs what spec §8.4 budgets instead of float copies. Every owner's page is the window page (row widths are
+power-of-two multiples of the window row, blocks hold proportionally fewer or more tokens), so vLLM puts all
+caches in one pool without growing any group's blocks.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
 import torch
 from torch import nn
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 
+from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
+from ..models.deepseek_v41.kv_cache import COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, MappedRecords
+from ..ops.cache import record_bytes
 
-WINDOW_EXTRA = 16  # token id, position, padding
+CACHE_DTYPE = torch.uint8
+ROW_ALIGN = 16  # bytes: rows start 16-byte aligned (vectorised and cp.async loads of records)
+INT32 = 4
+
+
+def window_meta_at(args: ModelArgs) -> int:
+    """Byte offset of a window row's int32 [token id, position]: after the record, 4-byte aligned."""
+    return INT32 * math.ceil(record_bytes(WINDOW_FORMAT, args.head_dim) / INT32)
 
 
 def window_width(args: ModelArgs) -> int:
-    return args.head_dim + WINDOW_EXTRA
+    """Bytes of a window row: the fp8_window record, then the token id and the position (int32 each)."""
+    return ROW_ALIGN * math.ceil((window_meta_at(args) + 2 * INT32) / ROW_ALIGN)
 
 
-def compressed_width(args: ModelArgs, ratio: int) -> int:
-    """Row width of a compressed cache: an entry plus its group's inputs, padded so page = k * window page."""
-    needed = args.head_dim + args.index_head_dim + 2 * (ratio - 1) * args.head_dim
-    unit = ratio * window_width(args)
-    return unit * math.ceil(needed / unit)
+def paged_layout(args: ModelArgs, needed: int, tokens_per_row: int, block_size: int) -> tuple[int, int]:
+    """(row bytes, block size in tokens) of an owner whose rows cover ``tokens_per_row`` tokens and need
+    ``needed`` bytes: the row is window_width * tokens_per_row * 2^j for the least j that fits, and the block
+    holds 2^-j as many tokens, so the page equals the window page. Where the block cannot be divided that far
+    (a block must hold whole rows) it keeps ``block_size`` and vLLM grows the other groups' blocks to match."""
+    unit = window_width(args) * tokens_per_row
+    scale = 2.0 ** math.ceil(math.log2(needed / unit))
+    width = max(ROW_ALIGN, int(unit * scale))
+    while width % ROW_ALIGN:  # a scale below 1 that does not divide the unit evenly
+        scale *= 2
+        width = int(unit * scale)
+    block = block_size / scale
+    if block != int(block) or int(block) % tokens_per_row:
+        return width, block_size
+    return width, int(block)
+
+
+def compressed_layout(args: ModelArgs, ratio: int, block_size: int) -> tuple[int, int]:
+    needed = record_bytes(COMPRESSED_FORMAT, args.head_dim) + record_bytes(INDEX_KEY_FORMAT, args.index_head_dim)
+    return paged_layout(args, needed, ratio, block_size)
+
+
+def inputs_layout(args: ModelArgs, block_size: int) -> tuple[int, int]:
+    return paged_layout(args, 2 * args.head_dim * 4 + INT32, 1, block_size)
 
 
 @dataclass
@@ -105,7 +139,7 @@ class CacheOwner(nn.Module, AttentionLayerBase):
         self.kv_cache = tensor
 
     def rows(self) -> torch.Tensor:
-        """The cache as [slots, width]; a view, so writes land in vLLM's memory."""
+        """The cache as uint8 [slots, width]; a view, so writes land in vLLM's memory."""
         return self.kv_cache.view(-1, self.width)
 
     @property
@@ -114,86 +148,83 @@ class CacheOwner(nn.Module, AttentionLayerBase):
         size when it unifies page sizes, so this comes from the tensor, not from the cache config."""
         return self.kv_cache.shape[-2]
 
-
-CACHE_DTYPE = torch.float32
+    def slots(self, block_row: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Slots of a request's rows (token positions, or compressed states) through its block table row."""
+        per_block = self.rows_per_block
+        return block_row[rows // per_block].long() * per_block + rows % per_block
 
 
 def make_cache_owners(args: ModelArgs, vllm_config, prefix: str):
-    block_size, dtype = vllm_config.cache_config.block_size, CACHE_DTYPE
+    """-> (window owner per layer, compressed owner per KV source, compressor-input owner per ratio > 1 source)."""
+    block_size = vllm_config.cache_config.block_size
     windows = nn.ModuleList(
         CacheOwner(f"{prefix}layers.{i}.window_cache",
                    SlidingWindowMLASpec(block_size=block_size, num_kv_heads=1, head_size=window_width(args),
-                                        dtype=dtype, sliding_window=args.sliding_window), vllm_config)
+                                        dtype=CACHE_DTYPE, sliding_window=args.sliding_window), vllm_config)
         for i in range(args.num_hidden_layers))
-    compressed = nn.ModuleDict({
-        str(s): CacheOwner(f"{prefix}layers.{s}.compressed_cache",
-                           MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
-                                            head_size=compressed_width(args, args.layer_ratios[s]), dtype=dtype,
-                                            tokens_per_state=args.layer_ratios[s]), vllm_config)
-        for s in args.kv_source_layer_ids})
-    return windows, compressed
-
-
-class PagedRows:
-    """The ``GrowingBuffer`` face of one column range of a compressed cache (entries 0..count-1)."""
-
-    def __init__(self, compressed: "PagedCompressedKV", lo: int, hi: int):
-        self.compressed, self.lo, self.hi, self.length = compressed, lo, hi, compressed.first_entries
-
-    @property
-    def rows(self) -> torch.Tensor:
-        slots = self.compressed.slots(torch.arange(self.length))
-        return self.compressed.table[slots, self.lo:self.hi]
-
-    def append(self, rows: torch.Tensor) -> None:
-        slots = self.compressed.slots(torch.arange(self.length, self.length + rows.shape[0]))
-        self.compressed.table[slots, self.lo:self.hi] = rows.to(self.compressed.table.dtype)
-        self.length += rows.shape[0]
+    compressed, inputs = nn.ModuleDict(), nn.ModuleDict()
+    for s in args.kv_source_layer_ids:
+        ratio = args.layer_ratios[s]
+        width, block = compressed_layout(args, ratio, block_size)
+        compressed[str(s)] = CacheOwner(
+            f"{prefix}layers.{s}.compressed_cache",
+            MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=width, dtype=CACHE_DTYPE,
+                             tokens_per_state=ratio), vllm_config)
+        if ratio > 1:
+            width, block = inputs_layout(args, block_size)
+            inputs[str(s)] = CacheOwner(
+                f"{prefix}layers.{s}.compressor_inputs",
+                SlidingWindowMLASpec(block_size=block, num_kv_heads=1, head_size=width, dtype=CACHE_DTYPE,
+                                     sliding_window=ratio), vllm_config)
+    return windows, compressed, inputs
 
 
 class PagedCompressedKV:
-    """``CompressedKV`` over a paged compressed cache for one request and one forward chunk."""
+    """``CompressedKV`` over the paged compressed and compressor-input caches, for one request and one chunk."""
 
-    def __init__(self, owner: CacheOwner, block_row: torch.Tensor, ratio: int, args: ModelArgs, start_pos: int,
-                 end_pos: int):
-        self.table, self.block_row, self.ratio = owner.rows(), block_row, ratio
-        self.states_per_block = owner.rows_per_block
-        self.head_dim = args.head_dim
+    def __init__(self, args: ModelArgs, ratio: int, owner: CacheOwner, block_row: torch.Tensor,
+                 inputs: CacheOwner | None, inputs_row: torch.Tensor | None, start_pos: int, end_pos: int):
+        self.ratio, self.head_dim = ratio, args.head_dim
         self.start_pos, self.end_pos = start_pos, end_pos
-        self.first_entries, self.open_tokens = divmod(start_pos, ratio)
-        self.latents = PagedRows(self, 0, args.head_dim)
-        self.index_keys = PagedRows(self, args.head_dim, args.head_dim + args.index_head_dim)
-        self.values_at = args.head_dim + args.index_head_dim
-        self.gates_at = self.values_at + (ratio - 1) * args.head_dim
+        first_entries, self.open_tokens = divmod(start_pos, ratio)
+        table = owner.rows()
+        entry_bytes = record_bytes(COMPRESSED_FORMAT, args.head_dim)
+        key_bytes = record_bytes(INDEX_KEY_FORMAT, args.index_head_dim)
 
-    def slots(self, groups: torch.Tensor) -> torch.Tensor:
-        blocks = self.block_row[groups // self.states_per_block].long()
-        return blocks * self.states_per_block + groups % self.states_per_block
+        def slot_of(entries: torch.Tensor) -> torch.Tensor:
+            return owner.slots(block_row, entries)
+
+        self.latents = MappedRecords(table[:, :entry_bytes], COMPRESSED_FORMAT, args.head_dim, slot_of, first_entries)
+        self.index_keys = MappedRecords(table[:, entry_bytes: entry_bytes + key_bytes], INDEX_KEY_FORMAT,
+                                       args.index_head_dim, slot_of, first_entries)
+        if inputs is not None:
+            self.inputs, self.inputs_row = inputs, inputs_row
+            columns = inputs.rows()[:, : 2 * args.head_dim * 4 + INT32]
+            self.input_values = columns[:, : 2 * args.head_dim * 4].view(torch.float32)  # [slots, 2 * head_dim]
+            self.input_positions = columns[:, 2 * args.head_dim * 4:].view(torch.int32)  # [slots, 1]
 
     @property
     def num_entries(self) -> int:
         return self.latents.length
 
     def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
-        """Store the compressor inputs of every token that opens or continues a group (all but each group's
-        last token) in its group's row, at ``(position % ratio) * head_dim``."""
+        """Store every token's compressor inputs (wkv, wgate) and position at its slot."""
         positions = torch.arange(self.start_pos, self.end_pos)
-        keep = positions % self.ratio < self.ratio - 1
-        slots = self.slots(positions[keep] // self.ratio)
-        offsets = (positions[keep] % self.ratio) * self.head_dim
-        for offset in offsets.unique().tolist():
-            rows = keep.nonzero().flatten()[offsets == offset]
-            at = slots[offsets == offset]
-            self.table[at, self.values_at + offset: self.values_at + offset + self.head_dim] = values[rows].to(
-                self.table.dtype)
-            self.table[at, self.gates_at + offset: self.gates_at + offset + self.head_dim] = gates[rows].to(
-                self.table.dtype)
+        slots = self.inputs.slots(self.inputs_row, positions)
+        self.input_values[slots] = torch.cat((values, gates), dim=1).float().cpu().to(self.input_values.device)
+        self.input_positions[slots, 0] = positions.to(torch.int32)
 
-    def _open_group(self, at: int) -> torch.Tensor:
+    def _open_group(self) -> torch.Tensor:
+        """Inputs of the open group's tokens [open, 2 * head_dim], checked to be the positions they should be."""
         if self.open_tokens == 0:
-            return torch.zeros(0, self.head_dim)
-        row = self.table[self.slots(torch.tensor([self.first_entries]))[0]]
-        return row[at: at + self.open_tokens * self.head_dim].float().view(self.open_tokens, self.head_dim)
+            return torch.zeros(0, 2 * self.head_dim)
+        positions = torch.arange(self.start_pos - self.open_tokens, self.start_pos)
+        slots = self.inputs.slots(self.inputs_row, positions)
+        stored = self.input_positions[slots, 0].long()
+        if not torch.equal(stored, positions):
+            raise RuntimeError(f"compressor-input cache does not hold positions {positions.tolist()} "
+                               f"(found {stored.tolist()})")
+        return self.input_values[slots]
 
     def _check_open(self, inputs: torch.Tensor) -> None:
         """The compressor hands back the open group's inputs; ``remember_inputs`` already stored them."""
@@ -202,7 +233,7 @@ class PagedCompressedKV:
 
     @property
     def pending_values(self) -> torch.Tensor:
-        return self._open_group(self.values_at)
+        return self._open_group()[:, : self.head_dim]
 
     @pending_values.setter
     def pending_values(self, values: torch.Tensor) -> None:
@@ -210,7 +241,7 @@ class PagedCompressedKV:
 
     @property
     def pending_gates(self) -> torch.Tensor:
-        return self._open_group(self.gates_at)
+        return self._open_group()[:, self.head_dim:]
 
     @pending_gates.setter
     def pending_gates(self, gates: torch.Tensor) -> None:
@@ -224,37 +255,40 @@ class PagedSequenceState:
     cache groups that share physical tensors, so a layer's rows are only found through its own table."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
-                 windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict):
+                 windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict):
         self.args, self.num_tokens, self.token_ids = args, start_pos, token_ids
         self.windows = windows
         self.window_rows = [metadata[owner.layer_name].block_table[request] for owner in windows]
+        self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
         end_pos = start_pos + token_ids.numel()
-        self.sources = {
-            int(s): PagedCompressedKV(owner, metadata[owner.layer_name].block_table[request],
-                                      args.layer_ratios[int(s)], args, start_pos, end_pos)
-            for s, owner in compressed.items()
-        }
+        self.sources = {}
+        for s, owner in compressed.items():
+            source_inputs = inputs[s] if s in inputs else None
+            self.sources[int(s)] = PagedCompressedKV(
+                args, args.layer_ratios[int(s)], owner, metadata[owner.layer_name].block_table[request],
+                source_inputs, metadata[source_inputs.layer_name].block_table[request] if source_inputs else None,
+                start_pos, end_pos)
 
-    def _window_slots(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
-        row, per_block = self.window_rows[layer], self.windows[layer].rows_per_block
-        return row[positions // per_block].long() * per_block + positions % per_block
-
-    def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
-        positions = torch.arange(first, end)
-        rows = self.windows[layer].rows()[self._window_slots(layer, positions)]
-        stored = rows[:, self.args.head_dim + 1].long()
-        if not torch.equal(stored, positions):
-            raise RuntimeError(f"layer {layer}: paged window cache does not hold positions {first}..{end - 1}")
-        return rows[:, : self.args.head_dim]
-
-    def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
-        n, d = latents.shape[0], self.args.head_dim
-        positions = torch.arange(start_pos, start_pos + n)
+    def _window(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp8_window record columns, int32 [token id, position] columns) of a layer's window cache."""
         table = self.windows[layer].rows()
-        slots = self._window_slots(layer, positions)
-        table[slots, :d] = latents.to(table.dtype)
-        table[slots, d] = self.token_ids[-n:].to(table.dtype)
-        table[slots, d + 1] = positions.to(table.dtype)
+        return table[:, : self.record_bytes], table[:, self.meta_at: self.meta_at + 2 * INT32].view(torch.int32)
+
+    def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
+                       first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = latents.shape[0]
+        records, meta = self._window(layer)
+        context = torch.arange(first, start_pos)
+        context_slots = self.windows[layer].slots(self.window_rows[layer], context)
+        stored = meta[context_slots, 1].long()
+        if not torch.equal(stored, context):
+            raise RuntimeError(f"layer {layer}: paged window cache does not hold positions {first}..{start_pos - 1}")
+        positions = torch.arange(start_pos, start_pos + n)
+        slots = self.windows[layer].slots(self.window_rows[layer], positions)
+        ops.cache_write(records, slots.to(latents.device), latents, WINDOW_FORMAT)
+        meta[slots, 0] = self.token_ids[-n:].to(torch.int32)
+        meta[slots, 1] = positions.to(torch.int32)
+        return records, torch.cat((context_slots, slots)).to(latents.device)
 
     def compressed(self, source_layer: int) -> PagedCompressedKV:
         return self.sources[source_layer]
@@ -264,35 +298,18 @@ class PagedSequenceState:
         first = max(0, self.num_tokens - keep)
         if first == self.num_tokens:
             return []
-        rows = self.windows[0].rows()[self._window_slots(0, torch.arange(first, self.num_tokens))]
-        return rows[:, self.args.head_dim].long().tolist()
+        _, meta = self._window(0)
+        return meta[self.windows[0].slots(self.window_rows[0], torch.arange(first, self.num_tokens)), 0].tolist()
 
     def advance(self, token_ids: torch.Tensor) -> None:
         """Nothing to do: every piece of state was written into vLLM's pages during the forward."""
 
 
 # ---- DSpark draft context (deepinfer_plugins/vllm/spec_decode.py) ---------------------------------------------------
-DSPARK_POSITION_COLUMNS = 1  # the stored position, checked on every read
-
-
 def dspark_feature_layout(args: ModelArgs, block_size: int) -> tuple[int, int]:
-    """(row width, block size) of the DSpark context cache: one row per token holding every draft stage's context
-    key of that position ([num_stages * head_dim], see ``PagedDraftContext``) and the position.
-
-    The page must stay a whole multiple of, or a divisor of, every other cache's page so vLLM can put all caches in
-    one pool. Pages of the other caches are ``block_size * f * window_width`` for f = 1 (window) and
-    f = compressed_width / (ratio * window_width) (compressed). The row is padded to a power-of-two number of window
-    widths; when that exceeds the largest f, the block holds proportionally fewer tokens so the page equals the
-    largest page and no other group has to grow its blocks (prefix-cache granularity stays as it was)."""
-    unit = window_width(args)
-    needed = args.num_nextn_predict_layers * args.head_dim + DSPARK_POSITION_COLUMNS
-    factor = 1 << max(0, math.ceil(needed / unit) - 1).bit_length()
-    largest = max([1] + [compressed_width(args, r) // (r * unit) for r in set(args.layer_ratios) if r > 1])
-    if factor <= largest:
-        return largest * unit, block_size
-    if (block_size * largest) % factor == 0:
-        return factor * unit, block_size * largest // factor
-    return factor * unit, block_size
+    """(row bytes, block size) of the DSpark context cache: one row per token holding every draft stage's context
+    key of that position (fp32 [num_stages * head_dim], see ``PagedDraftContext``) and the position (int32)."""
+    return paged_layout(args, args.num_nextn_predict_layers * args.head_dim * 4 + INT32, 1, block_size)
 
 
 def make_dspark_feature_owner(args: ModelArgs, vllm_config, prefix: str, num_speculative_tokens: int) -> CacheOwner:
@@ -305,24 +322,28 @@ def make_dspark_feature_owner(args: ModelArgs, vllm_config, prefix: str, num_spe
     return CacheOwner(f"{prefix}layers.{args.num_hidden_layers}.dspark_context", spec, vllm_config)
 
 
+def _draft_columns(args: ModelArgs, owner: CacheOwner) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 keys [slots, num_stages * head_dim], int32 positions [slots, 1]) of the DSpark context cache."""
+    key_bytes = args.num_nextn_predict_layers * args.head_dim * 4
+    table = owner.rows()
+    return table[:, :key_bytes].view(torch.float32), table[:, key_bytes: key_bytes + INT32].view(torch.int32)
+
+
 class PagedDraftContext:
     """The ``DraftState`` face the drafter's attention reads (``num_tokens``, ``context_keys``) over the paged DSpark
     context cache of one request: keys of positions < anchor position, read from vLLM's memory, nothing kept."""
 
     def __init__(self, args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, anchor_pos: int):
-        self.args, self.owner, self.block_row = args, owner, block_row
         self.num_tokens, self.window = anchor_pos, args.sliding_window
         first = max(0, anchor_pos - self.window)
         positions = torch.arange(first, anchor_pos)
-        per_block = owner.rows_per_block
-        slots = self.block_row[positions // per_block].long() * per_block + positions % per_block
-        rows = owner.rows()[slots]
-        stages, d = args.num_nextn_predict_layers, args.head_dim
-        stored = rows[:, stages * d].long()
+        slots = owner.slots(block_row, positions)
+        keys, stored_positions = _draft_columns(args, owner)
+        stored = stored_positions[slots, 0].long()
         if not torch.equal(stored, positions):
             raise RuntimeError(f"DSpark context cache does not hold positions {first}..{anchor_pos - 1} "
                                f"(found {stored.tolist()})")
-        self.keys = rows[:, : stages * d].view(-1, stages, d)
+        self.keys = keys[slots].view(-1, args.num_nextn_predict_layers, args.head_dim)
 
     def context_keys(self, stage: int, end: int) -> torch.Tensor:
         if end != self.num_tokens:
@@ -335,8 +356,7 @@ def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_row: torch.Te
     """Store keys [n, num_stages, head_dim] of positions start_pos.. of one request (and the positions)."""
     n, stages, d = keys.shape
     positions = torch.arange(start_pos, start_pos + n)
-    per_block = owner.rows_per_block
-    slots = block_row[positions // per_block].long() * per_block + positions % per_block
-    table = owner.rows()
-    table[slots, : stages * d] = keys.reshape(n, stages * d).to(table.dtype)
-    table[slots, stages * d] = positions.to(table.dtype)
+    slots = owner.slots(block_row, positions)
+    table, stored_positions = _draft_columns(args, owner)
+    table[slots] = keys.reshape(n, stages * d).float()
+    stored_positions[slots, 0] = positions.to(torch.int32)

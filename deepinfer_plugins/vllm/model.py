@@ -72,7 +72,8 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         with_drafter = self.num_speculative_tokens > 0
         self.model = DeepseekV41ForCausalLM(self.args, dtype=dtype, param_dtype=param_dtype, with_drafter=with_drafter)
         attach_engram_token_map(self.model, Path(model_config.tokenizer))
-        self.window_caches, self.compressed_caches = make_cache_owners(self.args, vllm_config, prefix)
+        self.window_caches, self.compressed_caches, self.input_caches = make_cache_owners(self.args, vllm_config,
+                                                                                          prefix)
         self.context_cache = (make_dspark_feature_owner(self.args, vllm_config, prefix, self.num_speculative_tokens)
                               if with_drafter else None)
         self.capture_layers = tuple(self.args.dspark_target_layer_ids) if with_drafter else ()
@@ -101,7 +102,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                 continue
             start_pos = int(positions[first])
             state = PagedSequenceState(self.args, request, start_pos, input_ids[first:last].cpu(),
-                                       self.window_caches, self.compressed_caches, metadata)
+                                       self.window_caches, self.compressed_caches, self.input_caches, metadata)
             chunks.append(SequenceChunk(first, last - first, start_pos, state))
             rows.append((request, start_pos, last - first))
         if chunks:

@@ -64,6 +64,15 @@ def test_records_pack_unpack_write_gather(fmt, dim, gen):
     slots = torch.tensor([[3, -1, 9], [0, 0, -1]])
     assert_bits_equal(quant.cache_gather(expected, slots, fmt, dim, torch.bfloat16),
                       ops.cache_gather.reference(expected, slots, fmt, dim, torch.bfloat16))
+    # an engine row wider than the record (vLLM's window row also holds the token id and position): the write
+    # and the gather address rows by stride and leave the bytes after each record alone
+    table = torch.randint(0, 256, (12, records.shape[1] + 16), generator=gen, dtype=torch.uint8)
+    expected_table = table.clone()
+    ops.cache_write.reference(expected_table[:, : records.shape[1]], torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
+    quant.cache_write(table[:, : records.shape[1]], torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
+    assert_bits_equal(table, expected_table)
+    assert_bits_equal(quant.cache_gather(table[:, : records.shape[1]], slots, fmt, dim, torch.bfloat16),
+                      ops.cache_gather.reference(expected, slots, fmt, dim, torch.bfloat16))
 
 
 def test_window_ring_write_wraps_around(gen):
@@ -137,10 +146,11 @@ def test_sparse_attention_key_splits(splits, head_block, key_block, gen):
 @pytest.mark.parametrize("d,splits", [(64, 1), (64, 3), (512, 0)])
 def test_sparse_attention_from_cache_records(d, splits, dtype, gen):
     """Keys decoded from fp8_window and nvfp4 records in the kernel: -1 slots anywhere, a row without keys
-    (zeros), a row with window keys only, splits that cross from the window segment into the compressed one."""
+    (zeros), a row with window keys only, splits that cross from the window segment into the compressed one.
+    The records sit in engine rows wider than a record (row-strided views, as vLLM's caches hand them over)."""
     t, h, w, c = 4, 20, 9, 14
-    window_cache = ops.pack_cache_records(torch.randn(12, d, generator=gen), "fp8_window")
-    compressed_cache = ops.pack_cache_records(torch.randn(30, d, generator=gen), "nvfp4")
+    window_cache = in_wider_rows(ops.pack_cache_records(torch.randn(12, d, generator=gen), "fp8_window"), 16, gen)
+    compressed_cache = in_wider_rows(ops.pack_cache_records(torch.randn(30, d, generator=gen), "nvfp4"), 68, gen)
     window_slots = torch.randint(0, 12, (t, w), generator=gen)
     compressed_slots = torch.randint(0, 30, (t, c), generator=gen)
     window_slots = torch.where(torch.rand(t, w, generator=gen) < 0.2, -1, window_slots)
@@ -157,6 +167,27 @@ def test_sparse_attention_from_cache_records(d, splits, dtype, gen):
     assert (got[0] == 0).all()
     atol, rtol = ATTN_TOL[dtype]
     assert_close(got, want, atol=atol, rtol=rtol, cos=1e-4)
+
+
+def in_wider_rows(records: torch.Tensor, extra: int, gen) -> torch.Tensor:
+    """records [S, R] as the first R bytes of random rows of R + extra bytes (a row-strided view)."""
+    table = torch.randint(0, 256, (records.shape[0], records.shape[1] + extra), generator=gen, dtype=torch.uint8)
+    table[:, : records.shape[1]] = records
+    return table[:, : records.shape[1]]
+
+
+def test_sparse_attention_records_without_compressed_keys(gen):
+    """Layers without a compression ratio pass an empty compressed cache and no compressed slots."""
+    d, h = 64, 16
+    window_cache = ops.pack_cache_records(torch.randn(10, d, generator=gen), "fp8_window")
+    window_slots = torch.randint(0, 10, (3, 6), generator=gen)
+    window_slots[1, :2] = -1
+    empty = torch.empty(0, ops.record_bytes("nvfp4", d), dtype=torch.uint8)
+    q, sink = torch.randn(3, h, d, generator=gen), torch.randn(h, generator=gen)
+    got = attention.sparse_attention_records(q, window_cache, window_slots, empty, window_slots[:, :0], sink, 0.125)
+    want = ops.sparse_attention_records.reference(q, window_cache, window_slots, empty, window_slots[:, :0], sink,
+                                                  0.125)
+    assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
 def test_sparse_attention_multi_token_verify_over_a_wrapped_window(gen):

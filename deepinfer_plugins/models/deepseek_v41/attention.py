@@ -15,7 +15,8 @@ from torch import nn
 from ... import ops
 from .args import ModelArgs
 from .indexer import Indexer
-from .kv_cache import SequenceChunk
+from ...ops.cache import record_bytes
+from .kv_cache import COMPRESSED_FORMAT, SequenceChunk
 from .linear import Linear
 from .norm import RMSNorm
 
@@ -99,9 +100,13 @@ class Attention(nn.Module):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         return ops.rope(x, positions, self.inv_freq, inverse)
 
+    def window_latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Window latents [n, head_dim] before the cache's FP8 block-32 quantisation: norm, RoPE."""
+        return self.rotate(self.kv_norm(self.wkv(x)), positions)
+
     def latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Window latents [n, head_dim]: norm, RoPE, FP8 block-32 (the cache precision, spec §8.1)."""
-        return ops.fp8_fake_quant(self.rotate(self.kv_norm(self.wkv(x)), positions))
+        """Window latents at the cache precision (spec §8.1), for callers that keep float keys (the drafter)."""
+        return ops.fp8_fake_quant(self.window_latents(x, positions))
 
     def queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (q [n, heads, head_dim] rotated, q latent [n, q_lora_rank] shared with the indexer)."""
@@ -127,7 +132,7 @@ class Attention(nn.Module):
             return
         positions = (state.num_entries + torch.arange(latents.shape[0], device=x.device)) * self.ratio
         state.index_keys.append(self.indexer.index_keys(latents, positions, self.rotate))
-        state.latents.append(ops.nvfp4_fake_quant(self.rotate(latents, positions)))
+        state.latents.append(self.rotate(latents, positions))  # stored as nvfp4 records (spec §8.2)
 
     # ---- forward -----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
@@ -140,35 +145,36 @@ class Attention(nn.Module):
             if self.is_kv_source:
                 self.publish_compressed(rows, chunk)
             q, q_latent = self.queries(rows[chunk.num_rows - chunk.num_query_rows:], query_pos)
-            pool, indices = self.window_keys(rows, key_pos, query_pos, chunk)
+            window_cache, window_slots = self.window_keys(rows, key_pos, query_pos, chunk)
             if self.ratio:
                 selected = self.select_compressed(rows, q_latent, query_pos, chunk)
-                source = chunk.state.compressed(self.args.kv_source_of[self.layer_id])
-                gathered = source.latents.rows[selected.clamp(min=0).flatten()]  # [q * topk, head_dim]
-                slots = pool.shape[0] + torch.arange(selected.numel(), device=x.device).view_as(selected)
-                pool = torch.cat((pool, gathered.to(pool.dtype)))
-                indices = torch.cat((indices, torch.where(selected >= 0, slots, selected)), dim=1)
-            outputs.append(self.attend(q, pool, indices, query_pos))
+                entries = chunk.state.compressed(self.args.kv_source_of[self.layer_id]).latents
+                compressed_cache, compressed_slots = entries.records, entries.slots(selected)
+            else:
+                compressed_cache = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
+                                               device=x.device)
+                compressed_slots = window_slots[:, :0]
+            o = ops.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
+                                             self.attn_sink, self.softmax_scale)
+            outputs.append(self.rotate(o, query_pos, inverse=True))
         return self.project_out(torch.cat(outputs))
 
     def attend(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, query_pos: torch.Tensor):
-        """q [n, heads, head_dim] over pool rows ``indices`` [n, K] (-1 = none), with the sink, then the inverse
-        RoPE at the query positions -> [n, heads, head_dim] (``project_out`` finishes the sublayer)."""
+        """q [n, heads, head_dim] over float pool rows ``indices`` [n, K] (-1 = none), with the sink, then the
+        inverse RoPE at the query positions -> [n, heads, head_dim] (the drafter's attention; the target reads
+        its keys from the cache records in ``forward``)."""
         o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
         return self.rotate(o, query_pos, inverse=True)
 
     def window_keys(self, rows, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pool of window latents (cached context + this chunk) and each query's window rows in it [q, W]."""
-        latents = self.latents(rows, key_pos)
+        """Store this chunk's window latents; -> (window records, each query's window slots in them [q, W])."""
         first_key = int(key_pos[0])
-        first = min(first_key, max(0, int(query_pos[0]) - self.window + 1))  # position of pool row 0
-        context = chunk.state.window_context(self.layer_id, first, first_key)
-        chunk.state.write_window(self.layer_id, latents, first_key)
-        pool = torch.cat((context.to(latents.dtype), latents))
+        first = min(first_key, max(0, int(query_pos[0]) - self.window + 1))  # the oldest position any query sees
+        records, slots = chunk.state.window_records(self.layer_id, self.window_latents(rows, key_pos), first_key,
+                                                    first)
         span = min(self.window, int(query_pos[-1]) - first + 1)  # the most keys any query of this chunk has
         wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=rows.device)[None, :]
-        indices = torch.where(wanted >= first, wanted - first, torch.full_like(wanted, -1))
-        return pool, indices
+        return records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)
 
     def select_compressed(self, rows, q_latent, query_pos, chunk: SequenceChunk) -> torch.Tensor:
         """Compressed entry ids [q, index_topk] for each query: indexed here or reused from the last index source."""

@@ -34,15 +34,16 @@ class Indexer(nn.Module):
         self.uses_candidates = args.uses_candidates(layer_id)
 
     def index_keys(self, latents: torch.Tensor, positions: torch.Tensor, rotate: Callable) -> torch.Tensor:
-        """Keys of new compressed entries: k_norm(wk(latent)), rotated at the entry position, MXFP4."""
-        return ops.mxfp4_fake_quant(rotate(self.k_norm(self.wk(latents)), positions))
+        """Keys of new compressed entries: k_norm(wk(latent)), rotated at the entry position (the cache stores
+        them as MXFP4 records, spec §8.3)."""
+        return rotate(self.k_norm(self.wk(latents)), positions)
 
     def forward(self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor, source: CompressedKV,
                 published: dict, rotate: Callable) -> torch.Tensor:
         """x [q, d], q_latent [q, q_lora_rank] -> selected entry ids [q, index_topk] ascending, -1 padded."""
         q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
         head_weights = self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
-        keys = source.index_keys.rows  # [N, index_head_dim]
+        keys = source.index_keys.values(q.dtype)  # [N, index_head_dim] from the mxfp4 records
         visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
         if not self.is_candidate_source:  # selection only: one fused op (Ascend: npu_lightning_indexer)
             candidates = published["candidates"][-q.shape[0]:] if self.uses_candidates else None

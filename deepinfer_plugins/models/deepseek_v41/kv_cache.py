@@ -1,12 +1,16 @@
 """Per-sequence decoding state of V4.1, and the batch layout the model runs on.
 
 A sequence owns four kinds of state (spec §5, §7):
-  * a window ring per layer: the last ``sliding_window`` FP8-quantised latents (K = V) with their positions;
-  * per KV-source layer, the shared compressed KV (NVFP4 latents) and its indexer keys (MXFP4), which grow by
-    one entry per ``ratio`` tokens, plus the compressor inputs of a not yet complete group;
+  * a window ring per layer: the last ``sliding_window`` latents (K = V) as ``fp8_window`` records (528 B at
+    head_dim 512) with their positions;
+  * per KV-source layer, the shared compressed KV (``nvfp4`` records, 288 B) and its indexer keys (``mxfp4``
+    records, 68 B), which grow by one entry per ``ratio`` tokens, plus the compressor inputs of a not yet
+    complete group;
   * the last ``engram_max_ngram_size - 1`` token ids for Engram's n-gram hashes.
-Engines keep the same state in their own paged memory; they implement the ``SequenceState`` methods over it
-(see deepinfer_plugins/vllm), so the model code is identical in both places.
+Caches hold the byte records of ops/cache.py, written by ``ops.cache_write`` and read by the attention kernel
+as stored (``ops.sparse_attention_records``): the caches are the model's cache precision (spec §8) at its
+storage size, not float copies of it. Engines keep the same records in their own paged memory; they implement
+the ``SequenceState`` methods over it (see deepinfer_plugins/vllm), so the model code is identical in both places.
 
 Speculative decoding runs the target over drafted tokens and then drops the rejected ones, so a cache built
 with ``max_rollback = R`` can forget its last R tokens exactly (``SequenceCache.rollback``): rings hold
@@ -18,11 +22,15 @@ rebuild the open group of a truncated state), and the Engram history keeps R mor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
+from ... import ops
+from ...ops.cache import record_bytes
 from .args import ModelArgs
+
+WINDOW_FORMAT, COMPRESSED_FORMAT, INDEX_KEY_FORMAT = "fp8_window", "nvfp4", "mxfp4"  # spec §8.1-8.3
 
 
 class SequenceState(Protocol):
@@ -30,11 +38,11 @@ class SequenceState(Protocol):
 
     num_tokens: int
 
-    def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
-        """This layer's cached window latents of positions [first, end) -> [end - first, head_dim]."""
-
-    def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
-        """Store the latents of positions start_pos.. (only the last ``sliding_window`` matter)."""
+    def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
+                       first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's window latents [n, head_dim] of positions start_pos.. (unquantised: the store
+        writes them as fp8_window records) and return (records [S, R] uint8, possibly a row-strided view; slots
+        [start_pos + n - first]) with records[slots[i]] the record of position first + i."""
 
     def compressed(self, source_layer: int) -> "CompressedKV":
         """The shared compressed state published by KV-source layer ``source_layer``."""
@@ -46,29 +54,78 @@ class SequenceState(Protocol):
         """Account for ``token_ids`` having been run (called once per forward, after every layer)."""
 
 
-class GrowingBuffer:
-    """Rows appended with amortised doubling, so an append costs O(new rows), not O(cache)."""
+class EntryRecords(Protocol):
+    """Records of compressed entries 0..length-1 in one cache format (``RecordBuffer`` in memory; engines map
+    entry ids to rows of their paged caches)."""
 
-    def __init__(self, width: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
-        self.data = torch.empty(0, width, dtype=dtype, device=device)
-        self.length = 0
+    length: int
 
-    def append(self, rows: torch.Tensor) -> None:
-        needed = self.length + rows.shape[0]
-        if needed > self.data.shape[0]:
-            grown = torch.empty(max(needed, 2 * self.data.shape[0], 16), self.data.shape[1],
-                                dtype=self.data.dtype, device=self.data.device)
-            grown[: self.length] = self.data[: self.length]
-            self.data = grown
-        self.data[self.length:needed] = rows
-        self.length = needed
-
-    def truncate(self, length: int) -> None:
-        self.length = min(self.length, length)
+    def append(self, x: torch.Tensor) -> None:
+        """Quantise x [n, dim] and store it as entries length..length + n - 1."""
 
     @property
-    def rows(self) -> torch.Tensor:
-        return self.data[: self.length]
+    def records(self) -> torch.Tensor:
+        """The uint8 table [S, R] the entries live in (possibly a row-strided view)."""
+
+    def slots(self, entries: torch.Tensor) -> torch.Tensor:
+        """Rows of ``records`` holding entry ids ``entries`` (any shape; -1 stays -1)."""
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        """Every entry dequantised -> [length, dim] in ``dtype``."""
+
+
+class RecordBuffer:
+    """``EntryRecords`` in memory: rows appended with amortised doubling, so an append costs O(new rows)."""
+
+    def __init__(self, fmt: str, dim: int, device: torch.device | str = "cpu"):
+        self.fmt, self.dim = fmt, dim
+        self.data = torch.empty(0, record_bytes(fmt, dim), dtype=torch.uint8, device=device)
+        self.length = 0
+
+    def append(self, x: torch.Tensor) -> None:
+        needed = self.length + x.shape[0]
+        if needed > self.data.shape[0]:
+            grown = self.data.new_empty(max(needed, 2 * self.data.shape[0], 16), self.data.shape[1])
+            grown[: self.length] = self.data[: self.length]
+            self.data = grown
+        ops.cache_write(self.data, torch.arange(self.length, needed, device=x.device), x, self.fmt)
+        self.length = needed
+
+    @property
+    def records(self) -> torch.Tensor:
+        return self.data
+
+    def slots(self, entries: torch.Tensor) -> torch.Tensor:
+        return entries
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        return ops.unpack_cache_records(self.data[: self.length], self.fmt, self.dim, dtype)
+
+    def truncate(self, length: int) -> None:
+        """Forget entries >= length (``CompressedKV.rollback``)."""
+        self.length = min(self.length, length)
+
+
+class MappedRecords:
+    """``EntryRecords`` at rows an engine chooses in a table it owns (its paged or slot-indexed cache):
+    ``slot_of`` maps entry ids (CPU int64) to rows of ``table``, a uint8 [S, R] view that may be row-strided."""
+
+    def __init__(self, table: torch.Tensor, fmt: str, dim: int, slot_of: Callable[[torch.Tensor], torch.Tensor],
+                 length: int):
+        self.records, self.fmt, self.dim, self.slot_of, self.length = table, fmt, dim, slot_of, length
+
+    def append(self, x: torch.Tensor) -> None:
+        slots = self.slot_of(torch.arange(self.length, self.length + x.shape[0]))
+        ops.cache_write(self.records, slots.to(self.records.device), x, self.fmt)
+        self.length += x.shape[0]
+
+    def slots(self, entries: torch.Tensor) -> torch.Tensor:
+        found = self.slot_of(entries.clamp(min=0).cpu()).to(entries.device)
+        return torch.where(entries >= 0, found, -1)
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        slots = self.slot_of(torch.arange(self.length)).to(self.records.device)
+        return ops.cache_gather(self.records, slots, self.fmt, self.dim, dtype)
 
 
 class RollbackError(ValueError):
@@ -76,20 +133,26 @@ class RollbackError(ValueError):
 
 
 class WindowRing:
-    """The latents of the last ``size`` positions of one layer: slot = position % size, -1 marks an empty slot."""
+    """The latents of the last ``size`` positions of one layer: slot = position % size, -1 marks an empty slot.
 
-    def __init__(self, size: int, width: int, dtype: torch.dtype, device: torch.device | str, name: str):
-        self.size, self.name = size, name
-        self.rows = torch.zeros(size, width, dtype=dtype, device=device)
-        self.positions = torch.full((size,), -1, dtype=torch.long, device=device)
+    ``rows`` [size, width] are float latents, or with ``fmt`` uint8 byte records of that cache format, written
+    by ``ops.cache_write``."""
 
-    def read(self, first: int, end: int) -> torch.Tensor:
-        """Latents of positions [first, end) -> [end - first, width]."""
+    def __init__(self, rows: torch.Tensor, name: str, fmt: str | None = None):
+        self.rows, self.size, self.name, self.fmt = rows, rows.shape[0], name, fmt
+        self.positions = torch.full((self.size,), -1, dtype=torch.long, device=rows.device)
+
+    def slots(self, first: int, end: int) -> torch.Tensor:
+        """Slots of positions [first, end), checked to hold them."""
         positions = torch.arange(first, end, device=self.positions.device)
         slots = positions % self.size
         if bool((self.positions[slots] != positions).any()):
             raise RuntimeError(f"{self.name}: window cache does not hold positions {first}..{end - 1}")
-        return self.rows[slots]
+        return slots
+
+    def read(self, first: int, end: int) -> torch.Tensor:
+        """Rows of positions [first, end) -> [end - first, row width]."""
+        return self.rows[self.slots(first, end)]
 
     def write(self, latents: torch.Tensor, start_pos: int) -> None:
         """Store latents [n, width] of positions start_pos..; only the last ``size`` are kept."""
@@ -97,7 +160,10 @@ class WindowRing:
         positions = torch.arange(start_pos + latents.shape[0] - keep, start_pos + latents.shape[0],
                                  device=latents.device)
         slots = positions % self.size
-        self.rows[slots] = latents[-keep:].to(self.rows.dtype)
+        if self.fmt:
+            ops.cache_write(self.rows, slots, latents[-keep:], self.fmt)
+        else:
+            self.rows[slots] = latents[-keep:].to(self.rows.dtype)
         self.positions[slots] = positions
 
     def rollback(self, num_tokens: int) -> None:
@@ -110,8 +176,8 @@ class CompressedKV:
     """Shared compressed state of one KV-source layer: entries j cover tokens [j*ratio, (j+1)*ratio)."""
 
     ratio: int
-    latents: GrowingBuffer  # [N, head_dim] NVFP4-quantised, rotated at position j*ratio
-    index_keys: GrowingBuffer  # [N, index_head_dim] MXFP4-quantised, rotated
+    latents: EntryRecords  # nvfp4 records of the entries, rotated at position j*ratio
+    index_keys: EntryRecords  # mxfp4 records of their indexer keys, rotated
     pending_values: torch.Tensor  # [tokens of the open group, head_dim] fp32 compressor inputs
     pending_gates: torch.Tensor
     keep_inputs: int = 0  # per-token compressor inputs kept for rollback (ratio > 1 only)
@@ -166,21 +232,22 @@ class SequenceCache(SequenceState):
     loop uses the block size, since a verify forward runs at most that many tokens past the anchor).
     """
 
-    def __init__(self, args: ModelArgs, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 max_rollback: int = 0):
+    def __init__(self, args: ModelArgs, device: torch.device | str = "cpu", max_rollback: int = 0):
         if max_rollback < 0:
             raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
         self.args = args
         self.window = args.sliding_window
         self.max_rollback = max_rollback
         self.num_tokens = 0
-        self.rings = {i: WindowRing(self.window + max_rollback, args.head_dim, dtype, device, f"layer {i}")
+        ring_shape = (self.window + max_rollback, record_bytes(WINDOW_FORMAT, args.head_dim))
+        self.rings = {i: WindowRing(torch.zeros(ring_shape, dtype=torch.uint8, device=device), f"layer {i}",
+                                    WINDOW_FORMAT)
                       for i in range(args.num_hidden_layers)}
         self.sources = {
             s: CompressedKV(
                 ratio=args.layer_ratios[s],
-                latents=GrowingBuffer(args.head_dim, dtype, device),
-                index_keys=GrowingBuffer(args.index_head_dim, dtype, device),
+                latents=RecordBuffer(COMPRESSED_FORMAT, args.head_dim, device),
+                index_keys=RecordBuffer(INDEX_KEY_FORMAT, args.index_head_dim, device),
                 pending_values=torch.zeros(0, args.head_dim, device=device),
                 pending_gates=torch.zeros(0, args.head_dim, device=device),
                 keep_inputs=max_rollback + args.layer_ratios[s] - 1 if max_rollback and args.layer_ratios[s] > 1 else 0,
@@ -190,11 +257,16 @@ class SequenceCache(SequenceState):
         self.ngram_context = args.engram_max_ngram_size - 1
         self.history: list[int] = []  # the last ngram_context + max_rollback token ids
 
-    def window_context(self, layer: int, first: int, end: int) -> torch.Tensor:
-        return self.rings[layer].read(first, end)
-
-    def write_window(self, layer: int, latents: torch.Tensor, start_pos: int) -> None:
-        self.rings[layer].write(latents, start_pos)
+    def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
+                       first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ring, end = self.rings[layer], start_pos + latents.shape[0]
+        context = ring.slots(first, start_pos)
+        if end - first <= ring.size:  # every position keeps its own slot: attend straight from the ring
+            ring.write(latents, start_pos)
+            return ring.rows, torch.cat((context, torch.arange(start_pos, end, device=context.device) % ring.size))
+        records = torch.cat((ring.rows[context], ops.pack_cache_records(latents, WINDOW_FORMAT)))
+        ring.write(latents, start_pos)  # a chunk longer than the ring overwrites rows its own queries still need
+        return records, torch.arange(end - first, device=records.device)
 
     def compressed(self, source_layer: int) -> CompressedKV:
         return self.sources[source_layer]

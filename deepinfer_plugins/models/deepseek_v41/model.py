@@ -88,7 +88,7 @@ class DeepseekV41Model(nn.Module):
         self.hasher = EngramHasher(args)
 
     def new_cache(self) -> SequenceCache:
-        return SequenceCache(self.args, self.dtype, self.embed.weight.device)
+        return SequenceCache(self.args, self.embed.weight.device)
 
     def query_rows_per_layer(self, num_rows: int, bounded_replay: bool) -> list[int]:
         """Rows whose outputs each layer must produce. Bounded replay needs only the last row's logits, so from

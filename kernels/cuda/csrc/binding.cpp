@@ -20,7 +20,9 @@ static void check(cudaError_t err, const char* what) {
 }
 
 torch::Tensor cache_write(torch::Tensor cache, torch::Tensor slots, torch::Tensor x, int64_t fmt, int64_t record_bytes) {
-  TORCH_CHECK(cache.is_cuda() && cache.dtype() == torch::kUInt8 && cache.is_contiguous(), "cache: contiguous uint8 CUDA");
+  // An engine's cache row may hold more than the record: rows are cache.stride(0) bytes apart, records dense in them.
+  TORCH_CHECK(cache.is_cuda() && cache.dtype() == torch::kUInt8 && cache.dim() == 2 && cache.stride(1) == 1,
+              "cache: uint8 CUDA [slots, record bytes] with dense rows");
   TORCH_CHECK(cache.size(1) == record_bytes, "cache rows are ", cache.size(1), " bytes but records are ", record_bytes);
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0, "x must be [tokens, dim] with dim a multiple of 32");
   TORCH_CHECK(slots.dtype() == torch::kInt64 && slots.numel() == x.size(0), "slots: int64 [tokens]");
@@ -29,11 +31,11 @@ torch::Tensor cache_write(torch::Tensor cache, torch::Tensor slots, torch::Tenso
   auto stream = at::cuda::getCurrentCUDAStream();
   if (xc.scalar_type() == torch::kBFloat16) {
     check(deepinfer_cache_write_bf16(xc.data_ptr(), sc.data_ptr<int64_t>(), cache.data_ptr<uint8_t>(), xc.size(0),
-                                     xc.size(1), record_bytes, fmt, stream), "cache_write");
+                                     xc.size(1), static_cast<int>(cache.stride(0)), fmt, stream), "cache_write");
   } else {
     TORCH_CHECK(xc.scalar_type() == torch::kFloat32, "x must be bf16 or fp32");
     check(deepinfer_cache_write_f32(xc.data_ptr(), sc.data_ptr<int64_t>(), cache.data_ptr<uint8_t>(), xc.size(0),
-                                    xc.size(1), record_bytes, fmt, stream), "cache_write");
+                                    xc.size(1), static_cast<int>(cache.stride(0)), fmt, stream), "cache_write");
   }
   return cache;
 }

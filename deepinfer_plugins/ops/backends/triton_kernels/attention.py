@@ -140,12 +140,14 @@ def _fp8_values(codes, HW_FP8: tl.constexpr):
 
 @triton.jit
 def _sparse_attention_records_kernel(q_ptr, win_ptr, win_slot_ptr, comp_ptr, comp_slot_ptr, sink_ptr, o_ptr,
-                                     part_ptr, stat_ptr, H, D, W, C, keys_per_split, softmax_scale,
+                                     part_ptr, stat_ptr, H, D, W, C, win_stride, comp_stride, keys_per_split,
+                                     softmax_scale,
                                      HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr, PV_FP32: tl.constexpr,
                                      SPLIT: tl.constexpr, HW_FP8: tl.constexpr):
     """As ``_sparse_attention_kernel``, with each query row's keys decoded from the cache records in registers:
     keys [0, W) are fp8_window records (D E4M3 bytes, then D / 32 UE8M0 scales), keys [W, W + C) nvfp4 records
-    (D / 2 bytes of E2M1 pairs, even channel low, then D / 16 E4M3 scales). A split may span both segments."""
+    (D / 2 bytes of E2M1 pairs, even channel low, then D / 16 E4M3 scales), rows win_stride / comp_stride bytes
+    apart. A split may span both segments."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     d = tl.arange(0, DP)
@@ -158,25 +160,23 @@ def _sparse_attention_records_kernel(q_ptr, win_ptr, win_slot_ptr, comp_ptr, com
     m, l, acc = _initial_state(sink_ptr, h, hmask, HB, DP, SPLIT)
     k_begin = tl.program_id(2) * keys_per_split
     k_end = tl.minimum(k_begin + keys_per_split, W + C)
-    win_record = D + D // 32
     groups32 = tl.arange(0, DP // 32)
     for k0 in range(k_begin, tl.minimum(k_end, W), BK):
         kk = k0 + tl.arange(0, BK)
         slot = tl.load(win_slot_ptr + t * W + kk, mask=kk < tl.minimum(k_end, W), other=-1).to(tl.int64)
         valid = slot >= 0
-        record = win_ptr + tl.maximum(slot, 0)[:, None] * win_record
+        record = win_ptr + tl.maximum(slot, 0)[:, None] * win_stride
         codes = tl.load(record + d[None, :], mask=valid[:, None] & dmask[None, :], other=0)
         scales = ue8m0_decode(tl.load(record + D + groups32[None, :], mask=valid[:, None] & (groups32 < D // 32),
                                       other=127).to(tl.int32))  # [BK, DP / 32]
         keys = (_fp8_values(codes, HW_FP8).reshape(BK, DP // 32, 32) * scales[:, :, None]).reshape(BK, DP)
         keys = keys.to(q_ptr.dtype.element_ty)
         m, l, acc = _online_step(q, keys, valid, m, l, acc, softmax_scale, PV_FP32)
-    comp_record = D // 2 + D // 16
     for k0 in range(tl.maximum(k_begin, W), k_end, BK):
         kk = k0 - W + tl.arange(0, BK)
         slot = tl.load(comp_slot_ptr + t * C + kk, mask=kk < k_end - W, other=-1).to(tl.int64)
         valid = slot >= 0
-        record = comp_ptr + tl.maximum(slot, 0)[:, None] * comp_record
+        record = comp_ptr + tl.maximum(slot, 0)[:, None] * comp_stride
         lanes = valid[:, None] & dmask[None, :]
         pairs = tl.load(record + d[None, :] // 2, mask=lanes, other=0).to(tl.int32)  # each byte read twice (L1)
         values = e2m1_decode((pairs >> ((d[None, :] % 2) * 4)) & 15)  # even channel in the low nibble
@@ -264,12 +264,15 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
                              compressed_cache: torch.Tensor, compressed_slots: torch.Tensor, sink: torch.Tensor,
                              softmax_scale: float, config: AttentionConfig | None = None) -> torch.Tensor:
     """q [T, H, D] with D a multiple of 32; fp8_window records [Pw, D + D/32] at window_slots [T, W]; nvfp4
-    records [Pc, D/2 + D/16] at compressed_slots [T, C]; slot -1 = unused -> o [T, H, D] in q's dtype."""
+    records [Pc, D/2 + D/16] at compressed_slots [T, C]; slot -1 = unused -> o [T, H, D] in q's dtype. Cache
+    rows may be strided (an engine's row holds more than the record); only the bytes within a row must be dense."""
     if q.shape[-1] % 32:
         raise ValueError(f"cache records hold 32-channel scale blocks; head dim {q.shape[-1]} is not a multiple of 32")
     w, c = window_slots.shape[1], compressed_slots.shape[1]
-    pointers = (window_cache.contiguous(), window_slots.contiguous(), compressed_cache.contiguous(),
-                compressed_slots.contiguous())
+    if window_cache.stride(-1) != 1 or compressed_cache.stride(-1) != 1:
+        raise ValueError("cache records must be dense within a row (stride 1 over the bytes of a record)")
+    pointers = (window_cache, window_slots.contiguous(), compressed_cache, compressed_slots.contiguous())
     config = config or (None if INTERPRETED else RECORDS_CONFIG)
-    return _run(_sparse_attention_records_kernel, q, sink, (pointers, (w, c)), w + c, softmax_scale, config,
+    sizes = (w, c, window_cache.stride(0), compressed_cache.stride(0))
+    return _run(_sparse_attention_records_kernel, q, sink, (pointers, sizes), w + c, softmax_scale, config,
                 HW_FP8=not INTERPRETED)

@@ -175,10 +175,11 @@ def pack_cache_records(x: torch.Tensor, fmt: str) -> torch.Tensor:
 def cache_write(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: str) -> torch.Tensor:
     block, _, _ = CACHE_FORMATS[fmt]
     rlen = record_bytes(fmt, x.shape[-1])
-    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != rlen or not cache.is_contiguous():
-        raise ValueError(f"cache must be a contiguous uint8 [slots, {rlen}] tensor for {fmt!r} records of width "
-                         f"{x.shape[-1]}; got {cache.dtype} {tuple(cache.shape)}")
-    _launch_quantize(x, block, FMT_ID[fmt], RECORDS, records=cache, slots=slots.contiguous(), record_len=rlen)
+    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] != rlen or cache.stride(1) != 1:
+        raise ValueError(f"cache must be a uint8 [slots, {rlen}] tensor (rows may be strided) for {fmt!r} records "
+                         f"of width {x.shape[-1]}; got {cache.dtype} {tuple(cache.shape)}")
+    _launch_quantize(x, block, FMT_ID[fmt], RECORDS, records=cache, slots=slots.contiguous(),
+                     record_len=cache.stride(0))
     return cache
 
 
@@ -211,10 +212,11 @@ def unpack_cache_records(records: torch.Tensor, fmt: str, dim: int, dtype: torch
 def cache_gather(cache: torch.Tensor, slots, fmt: str, dim: int, dtype: torch.dtype) -> torch.Tensor:
     block, bits, kind = CACHE_FORMATS[fmt]
     block = min(block, dim)
-    cache = cache.contiguous()
+    if cache.stride(-1) != 1:
+        cache = cache.contiguous()
     ids = None if slots is None else slots.reshape(-1).contiguous()
     n = cache.shape[0] if ids is None else ids.numel()
-    out = _launch_dequant(cache, cache, 0 if kind == "ue8m0" else 1, ids, n, dim, cache.shape[1], cache.shape[1],
+    out = _launch_dequant(cache, cache, 0 if kind == "ue8m0" else 1, ids, n, dim, cache.stride(0), cache.stride(0),
                           dim * bits // 8, 1, block, bits == 4, dtype, cache.device)
     return out if slots is None else out.reshape(*slots.shape, dim)
 

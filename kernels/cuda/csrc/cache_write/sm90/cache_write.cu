@@ -1,4 +1,5 @@
 // Fused quantise + pack + paged scatter of KV-cache records (ops.cache_write), any arch >= sm_90.
+// Records are written at cache + slot * row_bytes: an engine row may be wider than the record.
 // One thread per channel pair; a quantisation block of B channels is B/2 consecutive lanes of one warp, so the
 // block amax is a shuffle reduction. Record layouts: ops/cache.py (528 B fp8 window, 288 B nvfp4, 68 B mxfp4).
 #include <cuda_bf16.h>
@@ -18,7 +19,7 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <int FMT, typename T>
 __global__ void __launch_bounds__(256) cache_write_kernel(const T* __restrict__ x, const int64_t* __restrict__ slots,
                                                           uint8_t* __restrict__ cache, int tokens, int dim,
-                                                          int record_bytes) {
+                                                          int row_bytes) {
   constexpr int kBlock = FMT == kNvfp4 ? 16 : 32;
   constexpr int kLanes = kBlock / 2;  // lanes per quantisation block
   const int pairs_per_token = dim / 2;
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(256) cache_write_kernel(const T* __restrict__ 
   for (int offset = kLanes / 2; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
   const int64_t slot = active ? slots[token] : -1;
   if (slot < 0) return;
-  uint8_t* record = cache + slot * record_bytes;
+  uint8_t* record = cache + slot * row_bytes;
   const int block = (2 * p) / kBlock;
   const bool leader = (p % kLanes) == 0;
   if constexpr (FMT == kFp8Window) {
@@ -65,20 +66,20 @@ __global__ void __launch_bounds__(256) cache_write_kernel(const T* __restrict__ 
 }
 
 template <typename T>
-static cudaError_t launch(const T* x, const int64_t* slots, uint8_t* cache, int tokens, int dim, int record_bytes,
+static cudaError_t launch(const T* x, const int64_t* slots, uint8_t* cache, int tokens, int dim, int row_bytes,
                           int fmt, cudaStream_t stream) {
   const int64_t pairs = static_cast<int64_t>(tokens) * dim / 2;
   if (pairs == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((pairs + 255) / 256));
   switch (fmt) {
     case kFp8Window:
-      cache_write_kernel<kFp8Window, T><<<grid, 256, 0, stream>>>(x, slots, cache, tokens, dim, record_bytes);
+      cache_write_kernel<kFp8Window, T><<<grid, 256, 0, stream>>>(x, slots, cache, tokens, dim, row_bytes);
       break;
     case kNvfp4:
-      cache_write_kernel<kNvfp4, T><<<grid, 256, 0, stream>>>(x, slots, cache, tokens, dim, record_bytes);
+      cache_write_kernel<kNvfp4, T><<<grid, 256, 0, stream>>>(x, slots, cache, tokens, dim, row_bytes);
       break;
     case kMxfp4:
-      cache_write_kernel<kMxfp4, T><<<grid, 256, 0, stream>>>(x, slots, cache, tokens, dim, record_bytes);
+      cache_write_kernel<kMxfp4, T><<<grid, 256, 0, stream>>>(x, slots, cache, tokens, dim, row_bytes);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -90,11 +91,11 @@ static cudaError_t launch(const T* x, const int64_t* slots, uint8_t* cache, int 
 
 // dim must be a multiple of 32; the binding checks shapes and dtypes.
 extern "C" cudaError_t deepinfer_cache_write_bf16(const void* x, const int64_t* slots, uint8_t* cache, int tokens,
-                                                  int dim, int record_bytes, int fmt, cudaStream_t stream) {
-  return deepinfer::launch(static_cast<const __nv_bfloat16*>(x), slots, cache, tokens, dim, record_bytes, fmt, stream);
+                                                  int dim, int row_bytes, int fmt, cudaStream_t stream) {
+  return deepinfer::launch(static_cast<const __nv_bfloat16*>(x), slots, cache, tokens, dim, row_bytes, fmt, stream);
 }
 
 extern "C" cudaError_t deepinfer_cache_write_f32(const void* x, const int64_t* slots, uint8_t* cache, int tokens,
-                                                 int dim, int record_bytes, int fmt, cudaStream_t stream) {
-  return deepinfer::launch(static_cast<const float*>(x), slots, cache, tokens, dim, record_bytes, fmt, stream);
+                                                 int dim, int row_bytes, int fmt, cudaStream_t stream) {
+  return deepinfer::launch(static_cast<const float*>(x), slots, cache, tokens, dim, row_bytes, fmt, stream);
 }
