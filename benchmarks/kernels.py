@@ -204,7 +204,8 @@ def agrees(got, want, exact: bool) -> tuple[bool, str]:
 
 
 def attention_variants(device: str) -> dict:
-    """Named sparse-attention implementations to sweep: Triton tile configurations and both CUDA kernels."""
+    """Named sparse-attention implementations to sweep: Triton tile configurations and the CUDA kernels this
+    device's architecture runs (mma and simt everywhere, wgmma on sm_90, tcgen05 on sm_100 / sm_103)."""
     variants = {}
     if device != "cuda":
         return variants
@@ -219,10 +220,9 @@ def attention_variants(device: str) -> dict:
     except Exception as exc:  # reported in the table instead of the CUDA rows
         variants["cuda"] = exc
         return variants
-    for kind in ("mma", "simt"):
-        fn = getattr(cuda_backend, f"sparse_attention_{kind}", None)
-        if fn is not None:
-            variants[f"cuda {kind}"] = fn
+    major = torch.cuda.get_device_capability()[0]
+    for kind in ("mma", "simt") + {9: ("wgmma",), 10: ("tcgen05",)}.get(major, ()):
+        variants[f"cuda {kind}"] = getattr(cuda_backend, f"sparse_attention_{kind}")
     return variants
 
 

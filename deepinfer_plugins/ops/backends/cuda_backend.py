@@ -2,15 +2,21 @@
 
 Registers only when torch is a CUDA build with a visible GPU; the extension is JIT-built on first use from the
 repository's kernels/cuda/build.py (nvcc required). On any other machine it registers nothing and the registry
-logs one INFO line. CUDA kernels here: cache_write (fused quantise + pack + scatter, all three formats) and
-sparse_attention (bf16, head dim <= 512) in two variants, both callable directly for benchmarks:
-  * ``sparse_attention_mma``  tensor cores (mma.sync m16n8k16), head dim a multiple of 16; the default.
-  * ``sparse_attention_simt`` CUDA-core baseline, any head dim <= 512.
-Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma`` or ``simt``; unset / empty declines
-decode batches under ``MMA_FROM_ROWS`` rows (Triton's split-K kernel, the registry's next choice, is faster there
-on the H200), else picks mma where its shape rule holds, else simt. Shapes neither variant takes (non-bf16 q,
-head dim > 512, or a forced variant's rule failing) are declined too and go to the Triton kernel. Other ops use
-Triton on CUDA tensors.
+logs one INFO line. CUDA kernels here: cache_write (fused quantise + pack + scatter, all three formats, into
+row-strided tables) and sparse_attention (bf16, head dim <= 512) in four variants, all callable directly for
+benchmarks:
+  * ``sparse_attention_mma``     tensor cores (mma.sync m16n8k16), head dim a multiple of 16; the default.
+  * ``sparse_attention_simt``    CUDA-core baseline, any head dim <= 512.
+  * ``sparse_attention_wgmma``   Hopper warpgroup MMA, sm_90 only, head dim a multiple of 64.
+  * ``sparse_attention_tcgen05`` SM100 / SM103 tcgen05 (accumulators in tensor memory) + TMA, head dim a
+    multiple of 64.
+The last two compile for their targets but have not run on hardware yet, so they are opt-in: only a forced
+``DEEPINFER_CUDA_ATTENTION`` selects them until a device run (benchmarks/device_check.sh) verifies them.
+Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma``, ``simt``, ``wgmma`` or
+``tcgen05``; unset / empty declines decode batches under ``MMA_FROM_ROWS`` rows (Triton's split-K kernel, the
+registry's next choice, is faster there on the H200), else picks mma where its shape rule holds, else simt.
+Shapes or devices a variant does not take (non-bf16 q, head dim > 512, a forced variant's rule or arch failing)
+are declined too and go to the Triton kernel. Other ops use Triton on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -59,6 +65,14 @@ def _mma_fits(q) -> bool:
     return _simt_fits(q) and q.shape[-1] % 16 == 0
 
 
+def _wgmma_fits(q) -> bool:
+    return _simt_fits(q) and q.shape[-1] % 64 == 0 and torch.cuda.get_device_capability(q.device)[0] == 9
+
+
+def _tcgen05_fits(q) -> bool:
+    return _simt_fits(q) and q.shape[-1] % 64 == 0 and torch.cuda.get_device_capability(q.device)[0] == 10
+
+
 def sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale):
     """Tensor-core kernel; needs bf16 q and a head dim that is a multiple of 16 and <= 512."""
     return _extension().sparse_attention_mma(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
@@ -69,15 +83,37 @@ def sparse_attention_simt(q, kv_pool, indices, sink, softmax_scale):
     return _extension().sparse_attention_simt(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
 
 
+def sparse_attention_wgmma(q, kv_pool, indices, sink, softmax_scale):
+    """Hopper wgmma kernel (sm_90 only); needs bf16 q and a head dim that is a multiple of 64 and <= 512."""
+    return _extension().sparse_attention_wgmma(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+
+
+def sparse_attention_tcgen05(q, kv_pool, indices, sink, softmax_scale):
+    """SM100 / SM103 tcgen05 kernel; needs bf16 q and a head dim that is a multiple of 64 and <= 512."""
+    return _extension().sparse_attention_tcgen05(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+
+
+# forced variant -> (shape / device rule, kernel)
+FORCED_VARIANTS = {
+    "mma": (_mma_fits, sparse_attention_mma),
+    "simt": (_simt_fits, sparse_attention_simt),
+    "wgmma": (_wgmma_fits, sparse_attention_wgmma),
+    "tcgen05": (_tcgen05_fits, sparse_attention_tcgen05),
+}
+
+
 def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
     forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
-    if forced not in ("", "mma", "simt"):
-        raise ValueError(f"{ATTENTION_ENV}={forced!r}; expected 'mma', 'simt' or unset")
-    if not forced and q.shape[0] < MMA_FROM_ROWS:
+    if forced:
+        if forced not in FORCED_VARIANTS:
+            raise ValueError(f"{ATTENTION_ENV}={forced!r}; expected one of {sorted(FORCED_VARIANTS)} or unset")
+        fits, kernel = FORCED_VARIANTS[forced]
+        return kernel(q, kv_pool, indices, sink, softmax_scale) if fits(q) else NotImplemented
+    if q.shape[0] < MMA_FROM_ROWS:
         return NotImplemented
-    if forced != "simt" and _mma_fits(q):
+    if _mma_fits(q):
         return sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale)
-    if forced != "mma" and _simt_fits(q):
+    if _simt_fits(q):
         return sparse_attention_simt(q, kv_pool, indices, sink, softmax_scale)
     return NotImplemented
 

@@ -11,9 +11,20 @@ extern "C" cudaError_t deepinfer_cache_write_f32(const void*, const int64_t*, ui
                                                  cudaStream_t);
 extern "C" cudaError_t deepinfer_sparse_decode_bf16(const void*, const void*, const int64_t*, const float*, void*, int,
                                                     int, int, int, float, cudaStream_t);
+// Tensor-core attention kernels share one interface: a split count for (rows, heads, topk), then the launch.
+using AttentionSplits = cudaError_t (*)(int, int, int, int*);
+using AttentionLaunch = cudaError_t (*)(const void*, const void*, const int64_t*, const float*, void*, float*, int, int,
+                                        int, int, int, float, cudaStream_t);
 extern "C" cudaError_t deepinfer_sparse_attention_mma_splits(int, int, int, int*);
 extern "C" cudaError_t deepinfer_sparse_attention_mma_bf16(const void*, const void*, const int64_t*, const float*, void*,
                                                            float*, int, int, int, int, int, float, cudaStream_t);
+extern "C" cudaError_t deepinfer_sparse_attention_wgmma_splits(int, int, int, int*);
+extern "C" cudaError_t deepinfer_sparse_attention_wgmma_bf16(const void*, const void*, const int64_t*, const float*,
+                                                             void*, float*, int, int, int, int, int, float, cudaStream_t);
+extern "C" cudaError_t deepinfer_sparse_attention_tcgen05_splits(int, int, int, int*);
+extern "C" cudaError_t deepinfer_sparse_attention_tcgen05_bf16(const void*, const void*, const int64_t*, const float*,
+                                                               void*, float*, int, int, int, int, int, float,
+                                                               cudaStream_t);
 
 static void check(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, what, " failed: ", cudaGetErrorString(err));
@@ -73,10 +84,13 @@ static torch::Tensor aligned_contiguous(const torch::Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
-torch::Tensor sparse_attention_mma(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
-                                   double scale) {
+// The tensor-core kernels (mma, wgmma, tcgen05): head dim a multiple of ``dim_multiple``, split-K workspace.
+static torch::Tensor tensor_core_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& indices,
+                                           const torch::Tensor& sink, double scale, int64_t dim_multiple,
+                                           AttentionSplits splits_for, AttentionLaunch launch, const char* name) {
   check_attention_inputs(q, kv, indices, sink);
-  TORCH_CHECK(q.size(2) % 16 == 0 && q.size(2) > 0, "tensor-core attention needs a head dim multiple of 16");
+  TORCH_CHECK(q.size(2) % dim_multiple == 0 && q.size(2) > 0, name, " needs a head dim multiple of ", dim_multiple,
+              ", got ", q.size(2));
   const c10::cuda::CUDAGuard device_guard(q.device());
   auto qc = aligned_contiguous(q);
   auto kc = aligned_contiguous(kv);
@@ -85,20 +99,41 @@ torch::Tensor sparse_attention_mma(torch::Tensor q, torch::Tensor kv, torch::Ten
   auto out = torch::empty_like(qc);
   const int rows = qc.size(0), heads = qc.size(1), dim = qc.size(2), topk = ic.size(1);
   int splits = 1;
-  check(deepinfer_sparse_attention_mma_splits(rows, heads, topk, &splits), "sparse_attention_mma split count");
+  check(splits_for(rows, heads, topk, &splits), name);
   torch::Tensor workspace;  // split partials: fp32 O [splits, T, H, D] then (max, sum) [splits, T, H, 2]
   if (splits > 1) workspace = torch::empty({static_cast<int64_t>(splits) * rows * heads * (dim + 2)},
                                            qc.options().dtype(torch::kFloat32));
-  check(deepinfer_sparse_attention_mma_bf16(qc.data_ptr(), kc.data_ptr(), ic.data_ptr<int64_t>(), sk.data_ptr<float>(),
-                                            out.data_ptr(), splits > 1 ? workspace.data_ptr<float>() : nullptr, rows,
-                                            heads, dim, topk, splits, static_cast<float>(scale),
-                                            at::cuda::getCurrentCUDAStream()),
-        "sparse_attention_mma");
+  check(launch(qc.data_ptr(), kc.data_ptr(), ic.data_ptr<int64_t>(), sk.data_ptr<float>(), out.data_ptr(),
+               splits > 1 ? workspace.data_ptr<float>() : nullptr, rows, heads, dim, topk, splits,
+               static_cast<float>(scale), at::cuda::getCurrentCUDAStream()),
+        name);
   return out;
+}
+
+torch::Tensor sparse_attention_mma(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
+                                   double scale) {
+  return tensor_core_attention(q, kv, indices, sink, scale, 16, deepinfer_sparse_attention_mma_splits,
+                               deepinfer_sparse_attention_mma_bf16, "sparse_attention_mma");
+}
+
+torch::Tensor sparse_attention_wgmma(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
+                                     double scale) {
+  return tensor_core_attention(q, kv, indices, sink, scale, 64, deepinfer_sparse_attention_wgmma_splits,
+                               deepinfer_sparse_attention_wgmma_bf16, "sparse_attention_wgmma");
+}
+
+torch::Tensor sparse_attention_tcgen05(torch::Tensor q, torch::Tensor kv, torch::Tensor indices, torch::Tensor sink,
+                                       double scale) {
+  return tensor_core_attention(q, kv, indices, sink, scale, 64, deepinfer_sparse_attention_tcgen05_splits,
+                               deepinfer_sparse_attention_tcgen05_bf16, "sparse_attention_tcgen05");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_write", &cache_write, "quantise + pack + scatter KV records");
   m.def("sparse_attention_simt", &sparse_attention_simt, "sparse MQA with sink (decode / verify rows), CUDA cores");
   m.def("sparse_attention_mma", &sparse_attention_mma, "sparse MQA with sink (decode / verify rows), tensor cores");
+  m.def("sparse_attention_wgmma", &sparse_attention_wgmma,
+        "sparse MQA with sink (decode / verify rows), Hopper wgmma; sm_90a only, opt-in until verified on an H200");
+  m.def("sparse_attention_tcgen05", &sparse_attention_tcgen05,
+        "sparse MQA with sink (decode / verify rows), SM100 tcgen05 + TMA; opt-in until verified on a B200");
 }

@@ -1,6 +1,7 @@
 """The compiled kernels/cuda extension against the PyTorch references, on a CUDA device (skipped elsewhere).
 
-Guarantees: both sparse_attention variants (tensor-core ``mma`` and CUDA-core ``simt``) match the fp32 reference
+Guarantees: every sparse_attention variant (tensor-core ``mma``, CUDA-core ``simt``, and on their own
+architectures Hopper ``wgmma`` and SM100 ``tcgen05``) matches the fp32 reference
 within atol 2e-2 / rtol 2e-2 with cosine similarity > 0.9999 over the whole output, across decode (T = 1, the
 key-split path) and multi-row shapes, head counts that fill or leave empty head tiles, head dims 512 / 128, key
 counts that are and are not multiples of the 64-key block, -1 padding, duplicate indices, a row without any valid
@@ -20,7 +21,17 @@ from deepinfer_plugins import ops
 from deepinfer_plugins.ops.backends import cuda_backend
 
 needs_cuda = pytest.mark.skipif(not (torch.version.cuda and torch.cuda.is_available()), reason="no CUDA device")
-VARIANTS = ("mma", "simt")
+
+
+def _device_major() -> int | None:
+    return torch.cuda.get_device_capability()[0] if torch.version.cuda and torch.cuda.is_available() else None
+
+
+# tensor-core variants that exist only on one architecture run where the device has it
+ARCH_ONLY = {"wgmma": 9, "tcgen05": 10}
+VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(ARCH_ONLY.get(v, _device_major()) != _device_major(),
+                                                     reason=f"{v} needs compute capability {ARCH_ONLY.get(v)}.x"))
+            for v in ("mma", "simt", "wgmma", "tcgen05")]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +66,7 @@ def attention_inputs(t, h, d, k, magnitude, seed):
 
 
 def run_variant(ext, variant, q, pool, indices, sink, scale):
-    kernel = ext.sparse_attention_mma if variant == "mma" else ext.sparse_attention_simt
-    out = kernel(q, pool, indices, sink, scale)
+    out = getattr(ext, f"sparse_attention_{variant}")(q, pool, indices, sink, scale)
     torch.cuda.synchronize()
     return out
 
@@ -108,7 +118,8 @@ def test_sparse_attention_without_valid_keys_is_zero(ext, t, k, variant):
 
 
 @needs_cuda
-def test_sparse_attention_takes_misaligned_and_strided_inputs(ext):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sparse_attention_takes_misaligned_and_strided_inputs(ext, variant):
     """A contiguous pool starting 2 bytes into its storage (cp.async needs 16-byte rows) and a strided q."""
     q, pool, indices, sink = attention_inputs(5, 64, 128, 300, 1.0, seed=5)
     storage = torch.empty(pool.numel() + 1, dtype=pool.dtype, device=pool.device)
@@ -117,8 +128,7 @@ def test_sparse_attention_takes_misaligned_and_strided_inputs(ext):
     assert misaligned_pool.is_contiguous() and misaligned_pool.data_ptr() % 16 != 0
     strided_q = q.transpose(0, 1).contiguous().transpose(0, 1)
     want = ops.sparse_attention.reference(q.float(), pool.float(), indices, sink, 0.09)
-    for variant in VARIANTS:
-        assert_attention_close(run_variant(ext, variant, strided_q, misaligned_pool, indices, sink, 0.09), want)
+    assert_attention_close(run_variant(ext, variant, strided_q, misaligned_pool, indices, sink, 0.09), want)
 
 
 def spread(shape, g, dtype, saturate):
@@ -145,6 +155,14 @@ def test_cache_write_is_bit_exact(ext, fmt, dim, dtype):
     got = cuda_backend.cache_write(cache.cuda(), slots.cuda(), x.cuda(), fmt)
     torch.cuda.synchronize()
     assert torch.equal(got.cpu(), want)
+    # records in engine rows wider than a record (vLLM's window row also holds the token id and position)
+    table = torch.randint(0, 256, (16, cache.shape[1] + 16), generator=g, dtype=torch.uint8)
+    want_table = table.clone()
+    ops.cache_write.reference(want_table[:, : cache.shape[1]], slots, x, fmt)
+    gpu_table = table.cuda()
+    cuda_backend.cache_write(gpu_table[:, : cache.shape[1]], slots.cuda(), x.cuda(), fmt)
+    torch.cuda.synchronize()
+    assert torch.equal(gpu_table.cpu(), want_table)
 
 
 class RecordingExtension:
@@ -159,16 +177,26 @@ class RecordingExtension:
     def sparse_attention_simt(self, *args):
         self.calls.append("simt")
 
+    def sparse_attention_wgmma(self, *args):
+        self.calls.append("wgmma")
 
-@pytest.mark.parametrize("forced,rows,dim,expected", [
-    ("", 64, 512, "mma"), ("", 64, 72, "simt"), ("", 1, 512, "declined"), ("", 31, 512, "declined"),
-    ("mma", 1, 512, "mma"), ("simt", 1, 512, "simt"), ("mma", 64, 72, "declined"),
+    def sparse_attention_tcgen05(self, *args):
+        self.calls.append("tcgen05")
+
+
+@pytest.mark.parametrize("forced,rows,dim,major,expected", [
+    ("", 64, 512, 9, "mma"), ("", 64, 72, 9, "simt"), ("", 1, 512, 9, "declined"), ("", 31, 512, 9, "declined"),
+    ("", 64, 512, 10, "mma"),  # the unverified arch-specific kernels are never picked by default
+    ("mma", 1, 512, 9, "mma"), ("simt", 1, 512, 9, "simt"), ("mma", 64, 72, 9, "declined"),
+    ("wgmma", 64, 512, 9, "wgmma"), ("wgmma", 64, 512, 10, "declined"), ("wgmma", 64, 96, 9, "declined"),
+    ("tcgen05", 1, 512, 10, "tcgen05"), ("tcgen05", 64, 512, 9, "declined"), ("tcgen05", 64, 96, 10, "declined"),
 ])
-def test_attention_variant_dispatch(monkeypatch, forced, rows, dim, expected):
+def test_attention_variant_dispatch(monkeypatch, forced, rows, dim, major, expected):
     """Declined calls (NotImplemented) go to the registry's next choice, Triton."""
     recorder = RecordingExtension()
     monkeypatch.setattr(cuda_backend, "_ext", recorder)
     monkeypatch.setenv(cuda_backend.ATTENTION_ENV, forced)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
     q = torch.zeros(rows, 2, dim, dtype=torch.bfloat16)
     result = cuda_backend.sparse_attention(q, torch.zeros(4, dim, dtype=torch.bfloat16),
                                            torch.zeros(rows, 3, dtype=torch.long), torch.zeros(2), 0.1)
@@ -179,6 +207,6 @@ def test_attention_variant_dispatch(monkeypatch, forced, rows, dim, expected):
 
 
 def test_attention_variant_env_rejects_unknown_names(monkeypatch):
-    monkeypatch.setenv(cuda_backend.ATTENTION_ENV, "wgmma")
+    monkeypatch.setenv(cuda_backend.ATTENTION_ENV, "flash")
     with pytest.raises(ValueError, match="DEEPINFER_CUDA_ATTENTION"):
         cuda_backend.sparse_attention(torch.zeros(1, 2, 64, dtype=torch.bfloat16), None, None, None, 0.1)

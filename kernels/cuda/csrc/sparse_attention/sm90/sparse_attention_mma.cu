@@ -34,11 +34,14 @@
 //
 // Split-K. With few rows (rows * head groups < #SMs / 2) the key blocks are split over gridDim.z CTAs; each
 // writes its unnormalised fp32 O, running max and sum to a workspace and a combine kernel merges them. Only
-// split 0 carries the sink; the others start from m = -inf, l = 0.
+// split 0 carries the sink; the others start from m = -inf, l = 0. The split rule, workspace layout and combine
+// kernel are shared with the wgmma and tcgen05 kernels (../split_combine.cuh).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "../split_combine.cuh"
 
 namespace deepinfer {
 namespace mma_attention {
@@ -51,8 +54,6 @@ constexpr int kBlockKeys = 64;      // keys per pipeline stage
 constexpr int kRowStride = kMaxDim + 8;     // bf16 elements per Q / K / O staging row (1040 B)
 constexpr int kPStride = kBlockKeys + 8;    // bf16 elements per P row (144 B)
 constexpr int kChunksPerWarp = kMaxDim / 32;  // 16-channel chunks of O per warp (2 warps share 16 heads)
-constexpr int kMaxSplits = 16;
-constexpr int kMinBlocksPerSplit = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kQBytes = kHeads * kRowStride * 2;
@@ -66,6 +67,7 @@ constexpr int kSumOffset = kMaxOffset + 2 * kHeads * 4;
 constexpr int kSmemBytes = kSumOffset + 2 * kHeads * 4;
 static_assert(kKOffset % 16 == 0 && kPOffset % 16 == 0 && kValidOffset % 16 == 0, "16-byte aligned regions");
 static_assert(kSmemBytes <= 227 * 1024, "exceeds the sm_90 / sm_100 opt-in shared memory per block");
+static_assert(kMaxDim <= split_combine::kMaxDim, "the combine kernel covers every head dim");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -306,8 +308,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_mma_kernel(
     for (int j = 0; j < 2; ++j) {
       const int h = head0 + (j ? r_hi : r_lo);
       if (h >= heads) continue;
-      const int64_t slot = (static_cast<int64_t>(split) * rows + row) * heads + h;
-      if (c == 0 && quad == 0) reinterpret_cast<float2*>(partial_ml)[slot] = make_float2(m[j], l_total[j]);
+      const int64_t slot = split_combine::partial_slot(split, rows, row, heads, h);
+      if (c == 0 && quad == 0) split_combine::store_stats(partial_ml, slot, m[j], l_total[j]);
       float* dst = partial_o + slot * dim;
 #pragma unroll
       for (int i = 0; i < kChunksPerWarp; ++i) {
@@ -347,62 +349,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_mma_kernel(
   }
 }
 
-// Merge the split partials of one (row, head): O = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s.
-// Thread t owns channels 4t .. 4t + 3.
-__global__ void __launch_bounds__(kMaxDim / 4) sparse_attention_combine_kernel(
-    const float* __restrict__ partial_o, const float* __restrict__ partial_ml, __nv_bfloat16* __restrict__ out,
-    int rows, int heads, int dim, int splits) {
-  const int row = blockIdx.x, h = blockIdx.y;
-  const int64_t split_stride = static_cast<int64_t>(rows) * heads;
-  const int64_t slot0 = static_cast<int64_t>(row) * heads + h;
-  const float2* ml = reinterpret_cast<const float2*>(partial_ml);
-  float m_max = -INFINITY;
-  for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, ml[s * split_stride + slot0].x);
-  const float m_base = m_max == -INFINITY ? 0.f : m_max;
-  float l_sum = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float2 v = ml[s * split_stride + slot0];
-    l_sum += exp2f(v.x - m_base) * v.y;
-  }
-  const int ch = 4 * threadIdx.x;
-  if (ch >= dim) return;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = 0; s < splits; ++s) {
-    const float w = exp2f(ml[s * split_stride + slot0].x - m_base);
-    const float4 v = *reinterpret_cast<const float4*>(partial_o + (s * split_stride + slot0) * dim + ch);
-    o.x += w * v.x;
-    o.y += w * v.y;
-    o.z += w * v.z;
-    o.w += w * v.w;
-  }
-  const float inv = l_sum > 0.f ? 1.f / l_sum : 0.f;
-  uint2 packed;
-  packed.x = pack_bf16x2(o.x * inv, o.y * inv);
-  packed.y = pack_bf16x2(o.z * inv, o.w * inv);
-  *reinterpret_cast<uint2*>(out + slot0 * dim + ch) = packed;
-}
-
 }  // namespace mma_attention
 }  // namespace deepinfer
 
-// Key-split count for a launch (1 = no workspace needed). Splits only when rows x head groups leave at least
-// half the SMs idle, keeping >= 2 key blocks per split.
+// Key-split count for a launch (1 = no workspace needed); the rule is split_combine::split_count.
 extern "C" cudaError_t deepinfer_sparse_attention_mma_splits(int rows, int heads, int topk, int* splits) {
   using namespace deepinfer::mma_attention;
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
-  const int ctas = rows * ((heads + kHeads - 1) / kHeads);
-  const int key_blocks = (topk + kBlockKeys - 1) / kBlockKeys;
-  int n = ctas > 0 ? sms / ctas : 1;
-  n = min(n, min(kMaxSplits, key_blocks / kMinBlocksPerSplit));
-  if (n > 1) {
-    const int per_split = (key_blocks + n - 1) / n;
-    n = (key_blocks + per_split - 1) / per_split;  // no empty splits
-  }
-  *splits = max(n, 1);
-  return cudaSuccess;
+  return deepinfer::split_combine::split_count<kHeads, kBlockKeys>(rows, heads, topk, splits);
 }
 
 // q [rows, heads, dim] bf16, kv [pool, dim] bf16 (16-byte aligned rows: dim % 16 == 0), indices [rows, topk]
@@ -412,6 +365,7 @@ extern "C" cudaError_t deepinfer_sparse_attention_mma_bf16(const void* q, const 
                                                            const float* sink, void* out, float* workspace, int rows,
                                                            int heads, int dim, int topk, int splits, float scale,
                                                            cudaStream_t stream) {
+  using namespace deepinfer;
   using namespace deepinfer::mma_attention;
   if (dim > kMaxDim || dim % 16 != 0 || dim <= 0 || splits < 1 || (splits > 1 && workspace == nullptr)) {
     return cudaErrorInvalidValue;
@@ -421,17 +375,13 @@ extern "C" cudaError_t deepinfer_sparse_attention_mma_bf16(const void* q, const 
                                          kSmemBytes);
   if (err != cudaSuccess) return err;
   const int key_blocks = (topk + kBlockKeys - 1) / kBlockKeys;
-  const int blocks_per_split = splits > 1 ? (key_blocks + splits - 1) / splits : key_blocks;
-  float* partial_o = splits > 1 ? workspace : nullptr;
-  float* partial_ml = splits > 1 ? workspace + static_cast<int64_t>(splits) * rows * heads * dim : nullptr;
+  const split_combine::Partials partials = split_combine::partials(workspace, splits, rows, heads, dim);
   const dim3 grid(rows, (heads + kHeads - 1) / kHeads, splits);
   sparse_attention_mma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
       static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(kv), indices, sink,
-      static_cast<__nv_bfloat16*>(out), partial_o, partial_ml, rows, heads, dim, topk, blocks_per_split,
-      scale * kLog2e);
+      static_cast<__nv_bfloat16*>(out), partials.o, partials.ml, rows, heads, dim, topk,
+      split_combine::blocks_per_split(key_blocks, splits), scale * kLog2e);
   err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
-  sparse_attention_combine_kernel<<<dim3(rows, heads), kMaxDim / 4, 0, stream>>>(
-      partial_o, partial_ml, static_cast<__nv_bfloat16*>(out), rows, heads, dim, splits);
-  return cudaGetLastError();
+  return split_combine::combine(partials, static_cast<__nv_bfloat16*>(out), rows, heads, dim, splits, stream);
 }

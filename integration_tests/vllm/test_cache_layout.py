@@ -1,0 +1,49 @@
+"""The byte layout of V4.1's caches in vLLM's paged memory (deepinfer_plugins/vllm/cache.py) at the full config.
+
+Guarantees: every cache owner is a uint8 table whose page equals the window page (so vLLM pools them without
+growing any group's blocks); the window row is the 528-byte fp8_window record plus token id and position; the
+compressed row holds the 288-byte nvfp4 entry and the 68-byte mxfp4 index key; the compressor inputs of the
+ratio-2 sources sit in a sliding window of 2 tokens, so the bytes a request keeps per token of context are those
+of the compressed caches alone. The served behaviour of these caches is covered by the other tests here.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from deepinfer_plugins.models.deepseek_v41.args import ModelArgs, preset_config
+from deepinfer_plugins.vllm.cache import make_cache_owners, make_dspark_feature_owner
+
+
+def fake_vllm_config(block_size: int):
+    return SimpleNamespace(cache_config=SimpleNamespace(block_size=block_size),
+                           compilation_config=SimpleNamespace(static_forward_context={}))
+
+
+@pytest.mark.parametrize("block_size", [64, 256])
+def test_full_config_caches_are_records_with_one_page_size(block_size):
+    args = ModelArgs.from_hf_config(preset_config("full"))
+    config = fake_vllm_config(block_size)
+    windows, compressed, inputs = make_cache_owners(args, config, "model.")
+    draft = make_dspark_feature_owner(args, config, "model.", num_speculative_tokens=5)
+    owners = [*windows, *compressed.values(), *inputs.values(), draft]
+    assert all(o.spec.dtype == torch.uint8 for o in owners)
+    window_page = windows[0].spec.page_size_bytes
+    assert windows[0].spec.head_size == 544  # 512 E4M3 + 16 UE8M0 scale bytes, int32 token id, int32 position
+    assert window_page == block_size * 544
+    assert {o.spec.page_size_bytes for o in owners} == {window_page}
+
+    ratios = {int(s): args.layer_ratios[int(s)] for s in compressed}
+    assert sorted(ratios.values()) == [1, 2, 2, 2]
+    for source, owner in compressed.items():
+        assert owner.spec.head_size == 544  # 288 + 68 bytes of records, padded to the page rule
+        assert owner.spec.block_size % ratios[int(source)] == 0
+    assert sorted(int(s) for s in inputs) == sorted(s for s, r in ratios.items() if r > 1)
+    for owner in inputs.values():
+        assert owner.spec.sliding_window == 2 and owner.spec.head_size >= 2 * 512 * 4 + 4
+
+    persistent = sum(o.spec.head_size / ratios[int(s)] for s, o in compressed.items())
+    assert persistent == 3 * 272 + 544 == 1360  # bytes per token of context; spec §8.4's unpadded budget is 890
