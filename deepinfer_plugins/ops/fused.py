@@ -8,6 +8,7 @@ once, so a kernel that fuses them has one truth to match.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -56,6 +57,26 @@ def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_we
     return rms_norm.reference((weights * grouped_v).sum(dim=1).to(dtype), norm_weight, eps)
 
 
+def records_pool(window_cache: torch.Tensor, window_slots: torch.Tensor, compressed_cache: torch.Tensor,
+                 compressed_slots: torch.Tensor, dim: int, dtype: torch.dtype,
+                 gather: Callable = cache_gather.reference) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys a batch of rows reads from the two record caches, decoded once each into a float pool.
+
+    -> (pool [distinct keys, dim] in ``dtype``, indices [T, W + C] into it, -1 where the slot is -1), so that
+    ``sparse_attention(q, pool, indices)`` is ``sparse_attention_records``. ``gather`` is ``cache_gather`` (the
+    reference here; a backend passes the registry op to decode on its device)."""
+    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
+    valid = slots >= 0
+    used, rows = torch.unique(slots[valid], return_inverse=True)
+    in_window = used < window_cache.shape[0]
+    pool = torch.empty(used.numel(), dim, dtype=dtype, device=slots.device)
+    pool[in_window] = gather(window_cache, used[in_window], "fp8_window", dim, dtype)
+    pool[~in_window] = gather(compressed_cache, used[~in_window] - window_cache.shape[0], "nvfp4", dim, dtype)
+    indices = torch.full_like(slots, -1)
+    indices[valid] = rows
+    return pool, indices
+
+
 @registry.reference("sparse_attention_records")
 def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
                              compressed_cache: torch.Tensor, compressed_slots: torch.Tensor, sink: torch.Tensor,
@@ -68,15 +89,5 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
     may be row-strided views (an engine's cache row holds more than the record). A decode kernel that reads the
     records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
     """
-    dim = q.shape[-1]
-    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
-    valid = slots >= 0
-    used, rows = torch.unique(slots[valid], return_inverse=True)  # decode every stored key once
-    in_window = used < window_cache.shape[0]
-    pool = torch.empty(used.numel(), dim, dtype=q.dtype, device=q.device)
-    pool[in_window] = cache_gather.reference(window_cache, used[in_window], "fp8_window", dim, q.dtype)
-    pool[~in_window] = cache_gather.reference(compressed_cache, used[~in_window] - window_cache.shape[0], "nvfp4",
-                                              dim, q.dtype)
-    indices = torch.full_like(slots, -1)
-    indices[valid] = rows
+    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype)
     return sparse_attention.reference(q, pool, indices, sink, softmax_scale)

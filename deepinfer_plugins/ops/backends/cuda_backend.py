@@ -16,7 +16,9 @@ Env ``DEEPINFER_CUDA_ATTENTION`` (read per call) forces one variant: ``mma``, ``
 ``tcgen05``; unset / empty declines decode batches under ``MMA_FROM_ROWS`` rows (Triton's split-K kernel, the
 registry's next choice, is faster there on the H200), else picks mma where its shape rule holds, else simt.
 Shapes or devices a variant does not take (non-bf16 q, head dim > 512, a forced variant's rule or arch failing)
-are declined too and go to the Triton kernel. Other ops use Triton on CUDA tensors.
+are declined too and go to the Triton kernel. ``sparse_attention_records`` (the model's attention over its cache
+records) decodes the distinct keys of a batch once into a bf16 pool and runs the same kernels, under the same
+rules. Other ops use Triton on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from ..cache import CACHE_FORMATS, record_bytes
+from ..cache import CACHE_FORMATS, cache_gather, record_bytes
+from ..fused import records_pool
 from ..registry import hookimpl
 
 logger = logging.getLogger(__name__)
@@ -118,9 +121,23 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
     return NotImplemented
 
 
+def sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots, sink, softmax_scale):
+    """Keys read from the cache records: from ``MMA_FROM_ROWS`` rows on (prefill, DSpark verify) the rows share
+    most keys, so decoding each distinct key once into a bf16 pool (the registry's ``cache_gather``) and running
+    the tensor-core kernel beats decoding every row's keys in registers; fewer rows go to Triton's records kernel.
+    A forced ``DEEPINFER_CUDA_ATTENTION`` variant applies here too."""
+    forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    if (not forced and q.shape[0] < MMA_FROM_ROWS) or not _simt_fits(q):
+        return NotImplemented
+    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype,
+                                 gather=cache_gather)
+    return sparse_attention(q, pool, indices, sink, softmax_scale)
+
+
 @hookimpl
 def deepinfer_register_ops(registry) -> None:
     if registry.cuda_major("cuda") is None:
         return
     registry.register_backend("cache_write", "cuda", cache_write)
     registry.register_backend("sparse_attention", "cuda", sparse_attention)
+    registry.register_backend("sparse_attention_records", "cuda", sparse_attention_records)

@@ -210,3 +210,46 @@ def test_attention_variant_env_rejects_unknown_names(monkeypatch):
     monkeypatch.setenv(cuda_backend.ATTENTION_ENV, "flash")
     with pytest.raises(ValueError, match="DEEPINFER_CUDA_ATTENTION"):
         cuda_backend.sparse_attention(torch.zeros(1, 2, 64, dtype=torch.bfloat16), None, None, None, 0.1)
+
+
+def records_inputs(t, h, d, g):
+    """q and two record caches as the model hands them over: window rows shared by neighbouring query rows,
+    compressed entries picked per row, -1 in both."""
+    window_cache = ops.pack_cache_records(torch.randn(40, d, generator=g), "fp8_window")
+    compressed_cache = ops.pack_cache_records(torch.randn(90, d, generator=g), "nvfp4")
+    window_slots = (torch.arange(t)[:, None] + torch.arange(16)[None, :]) % 40
+    window_slots[:, :3] = -1
+    compressed_slots = torch.randint(0, 90, (t, 24), generator=g)
+    compressed_slots[::3, -4:] = -1
+    q = torch.randn(t, h, d, generator=g).to(torch.bfloat16)
+    return q, window_cache, window_slots, compressed_cache, compressed_slots, torch.randn(h, generator=g)
+
+
+class ReferenceExtension(RecordingExtension):
+    """Stands in for the compiled module with the reference math, so the records path runs on any machine."""
+
+    def sparse_attention_mma(self, q, pool, indices, sink, scale):
+        self.calls.append("mma")
+        return ops.sparse_attention.reference(q, pool, indices, sink, scale)
+
+
+def test_records_attention_decodes_each_key_once_then_runs_the_tensor_core_kernel(monkeypatch):
+    monkeypatch.setattr(cuda_backend, "_ext", ReferenceExtension())
+    monkeypatch.delenv(cuda_backend.ATTENTION_ENV, raising=False)
+    args = records_inputs(cuda_backend.MMA_FROM_ROWS + 8, 8, 64, torch.Generator().manual_seed(3))
+    got = cuda_backend.sparse_attention_records(*args, 0.125)
+    assert cuda_backend._ext.calls == ["mma"]
+    assert torch.equal(got, ops.sparse_attention_records.reference(*args, 0.125))
+    assert cuda_backend.sparse_attention_records(*records_inputs(4, 8, 64, torch.Generator()), 0.125) is NotImplemented
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_records_attention_on_the_device(ext, monkeypatch, variant):
+    monkeypatch.setenv(cuda_backend.ATTENTION_ENV, variant)
+    q, wc, ws, cc, cs, sink = records_inputs(48, 64, 512, torch.Generator().manual_seed(5))
+    want = ops.sparse_attention_records.reference(q.float(), wc, ws, cc, cs, sink, 0.04)
+    got = cuda_backend.sparse_attention_records(q.cuda(), wc.cuda(), ws.cuda(), cc.cuda(), cs.cuda(), sink.cuda(),
+                                                0.04)
+    torch.cuda.synchronize()
+    assert_attention_close(got.cpu(), want)
