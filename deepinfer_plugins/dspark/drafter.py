@@ -87,7 +87,8 @@ class DraftAttention(Attention):
             q, _ = self.queries(slots, positions)
             pool = torch.cat((context.to(x.dtype), self.latents(slots, positions)))  # [keys, head_dim]
             indices = torch.arange(pool.shape[0], device=x.device).expand(chunk.num_rows, -1)  # every slot sees all
-            outputs.append(self.attend(q, pool, indices, positions))
+            o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
+            outputs.append(self.rotate(o, positions, inverse=True))
         return self.project_out(torch.cat(outputs))
 
 

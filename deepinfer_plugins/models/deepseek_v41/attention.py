@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from ... import ops
+from ...ops.cache import record_bytes
 from .args import ModelArgs
 from .indexer import Indexer
-from ...ops.cache import record_bytes
 from .kv_cache import COMPRESSED_FORMAT, SequenceChunk
 from .linear import Linear
 from .norm import RMSNorm
@@ -158,13 +158,6 @@ class Attention(nn.Module):
                                              self.attn_sink, self.softmax_scale)
             outputs.append(self.rotate(o, query_pos, inverse=True))
         return self.project_out(torch.cat(outputs))
-
-    def attend(self, q: torch.Tensor, pool: torch.Tensor, indices: torch.Tensor, query_pos: torch.Tensor):
-        """q [n, heads, head_dim] over float pool rows ``indices`` [n, K] (-1 = none), with the sink, then the
-        inverse RoPE at the query positions -> [n, heads, head_dim] (the drafter's attention; the target reads
-        its keys from the cache records in ``forward``)."""
-        o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
-        return self.rotate(o, query_pos, inverse=True)
 
     def window_keys(self, rows, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this chunk's window latents; -> (window records, each query's window slots in them [q, W])."""
