@@ -49,10 +49,11 @@ __all__ += [
     "pack_cache_records", "record_bytes", "sparse_attention_records", "unpack_cache_records",
 ]
 
-# Fused indexer selection (scores + masks + top-k), the op the Ascend lightning indexer maps onto.
-from .indexer import indexer_topk
+# Fused indexer selection (scores + masks + top-k), the op the Ascend lightning indexer maps onto, and both indexer
+# ops over the keys' mxfp4 cache records.
+from .indexer import indexer_scores_records, indexer_topk, indexer_topk_records
 
-__all__ += ["indexer_topk"]
+__all__ += ["indexer_scores_records", "indexer_topk", "indexer_topk_records"]
 
 # Weight-quantised GEMMs (DeepGEMM / FlashInfer backends on CUDA).
 from .gemm import linear_fp4, linear_fp8

@@ -1,5 +1,6 @@
 """The fused indexer selection is the model's step-by-step selection: scores, the visibility and candidate masks,
-then top-k with ties to the lower id, ascending ids and -1 padding. Compared bit for bit."""
+then top-k with ties to the lower id, ascending ids and -1 padding; the records ops are the same ops over the keys
+their mxfp4 cache records decode to. Compared bit for bit."""
 
 import pytest
 import torch
@@ -67,3 +68,50 @@ def test_dispatches_to_the_reference_on_cpu():
     assert ops.registry.select("indexer_topk", "cpu") is ops.indexer_topk.reference
     assert torch.equal(ops.indexer_topk(q, weights, keys, visible, 8),
                        ops.indexer_topk.reference(q, weights, keys, visible, 8))
+
+
+def in_records(keys, g, extra=12, spare_rows=5):
+    """keys [N, d] as mxfp4 records at shuffled rows of a larger table, each record the first bytes of a wider
+    random row (a row-strided view, as vLLM hands its cache over) -> (records [S, R] view, slots [N])."""
+    records = ops.pack_cache_records.reference(keys, "mxfp4")
+    n, width = records.shape
+    table = torch.randint(0, 256, (n + spare_rows, width + extra), generator=g, dtype=torch.uint8)
+    slots = torch.randperm(n + spare_rows, generator=g)[:n]
+    table[slots, :width] = records
+    return table[:, :width], slots
+
+
+@pytest.mark.parametrize("with_candidates", [False, True])
+def test_records_ops_are_the_float_ops_on_the_decoded_keys(with_candidates):
+    """The keys of ``case`` are MXFP4 values, so their records decode to them exactly: the records ops must give
+    the float ops' scores and ids bit for bit, whatever rows the records sit at."""
+    q, weights, keys, g = case()
+    records, slots = in_records(keys, g)
+    assert records.stride(0) > records.shape[1] and not torch.equal(slots, slots.sort().values)
+    assert torch.equal(ops.cache_gather.reference(records, slots, "mxfp4", 32, q.dtype), keys)
+    assert torch.equal(ops.indexer_scores_records.reference(q, weights, records, slots),
+                       ops.indexer_scores.reference(q, weights, keys))
+    visible = torch.tensor([0, 12, 40, 70, 90])
+    candidates = torch.rand(5, 70, generator=g) > 0.5 if with_candidates else None
+    got = ops.indexer_topk_records.reference(q, weights, records, slots, visible, 16, candidates)
+    assert torch.equal(got, ops.indexer_topk.reference(q, weights, keys, visible, 16, candidates))
+
+
+def test_records_ops_without_entries():
+    """A source with no compressed entry yet: no scores, and every selected slot -1."""
+    q, weights, keys, _ = case()
+    records = ops.pack_cache_records.reference(keys, "mxfp4")  # rows exist, none is an entry
+    slots = torch.zeros(0, dtype=torch.int64)
+    assert ops.indexer_scores_records.reference(q, weights, records, slots).shape == (5, 0)
+    ids = ops.indexer_topk_records.reference(q, weights, records, slots, torch.tensor([0, 1, 2, 3, 4]), 4)
+    assert ids.tolist() == [[-1] * 4] * 5
+
+
+def test_records_ops_dispatch_to_the_reference_on_cpu():
+    q, weights, keys, g = case()
+    records, slots = in_records(keys, g)
+    visible = torch.tensor([0, 1, 31, 70, 90])
+    assert ops.registry.select("indexer_scores_records", "cpu") is ops.indexer_scores_records.reference
+    assert ops.registry.select("indexer_topk_records", "cpu") is ops.indexer_topk_records.reference
+    assert torch.equal(ops.indexer_topk_records(q, weights, records, slots, visible, 8),
+                       ops.indexer_topk_records.reference(q, weights, records, slots, visible, 8))

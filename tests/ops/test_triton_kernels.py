@@ -237,6 +237,68 @@ def test_indexer_topk_selects_the_reference_ids(gen):
                           ops.indexer_topk.reference(q, w, keys, visible, 16, cand))
 
 
+def records_of(keys: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys [N, d] as mxfp4 records at shuffled rows of a larger row-strided table -> (records [S, R], slots [N])."""
+    records = ops.pack_cache_records(keys, "mxfp4")
+    slots = torch.randperm(keys.shape[0] + 9, generator=gen)[: keys.shape[0]]
+    table = torch.randint(0, 256, (keys.shape[0] + 9, records.shape[1]), generator=gen, dtype=torch.uint8)
+    table[slots] = records
+    return in_wider_rows(table, 20, gen), slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [128, 16])
+def test_indexer_scores_from_records(d, dtype, gen):
+    """Keys decoded from their records in the kernel give the float-key kernel's scores bit for bit (MXFP4 times a
+    power of two is exact in either dtype), from out-of-order slots in a row-strided table, over several key tiles;
+    d = 16 is the tiny presets' width (one scale per 16 channels)."""
+    q = ops.mxfp4_fake_quant(torch.randn(3, 32, d, generator=gen)).to(dtype)
+    keys = torch.randn(1100, d, generator=gen) * torch.exp2(torch.randint(-8, 8, (1100, 1), generator=gen).float())
+    records, slots = records_of(keys, gen)
+    w = torch.randn(3, 32, generator=gen)
+    got = indexer.indexer_scores_records(q, w, records, slots)
+    decoded = ops.cache_gather.reference(records, slots, "mxfp4", d, dtype)
+    assert_bits_equal(got, indexer.indexer_scores(q, w, decoded))
+    assert_close(got, ops.indexer_scores_records.reference(q, w, records, slots), atol=1e-4, rtol=1e-5)
+
+
+def test_indexer_topk_records_selects_the_reference_ids(gen):
+    """The fused selection over records: integer-valued keys (exact in MXFP4) so that scores tie, visibility per
+    query, a candidate mask."""
+    q = torch.randint(-2, 3, (4, 32, 128), generator=gen).float()
+    keys = torch.randint(-2, 3, (150, 128), generator=gen).float()
+    records, slots = records_of(keys, gen)
+    assert torch.equal(ops.cache_gather.reference(records, slots, "mxfp4", 128, torch.float32), keys)
+    w = torch.rand(4, 32, generator=gen).round()
+    visible = torch.tensor([150, 60, 0, 7])
+    candidates = torch.rand(4, 150, generator=gen) < 0.7
+    for cand in (None, candidates):
+        got = indexer.indexer_topk_records(q, w, records, slots, visible, 16, cand)
+        assert_bits_equal(got, ops.indexer_topk_records.reference(q, w, records, slots, visible, 16, cand))
+        assert_bits_equal(got, indexer.indexer_topk(q, w, keys, visible, 16, cand))
+
+
+def test_indexer_records_without_entries(gen):
+    """A source with no compressed entry yet (N = 0): no scores, every selected slot -1."""
+    q, w = torch.randn(3, 32, 128, generator=gen), torch.randn(3, 32, generator=gen)
+    records, slots = ops.pack_cache_records(torch.randn(4, 128, generator=gen), "mxfp4"), torch.zeros(0).long()
+    assert indexer.indexer_scores_records(q, w, records, slots).shape == (3, 0)
+    assert_bits_equal(indexer.indexer_topk_records(q, w, records, slots, torch.tensor([0, 1, 2]), 5),
+                      torch.full((3, 5), -1))
+
+
+def test_indexer_records_layout_is_checked(gen):
+    """A table of the wrong width raises; a width the kernel cannot tile by its scale block (48 = 32 + 16) is
+    declined, and the registry runs the reference."""
+    q, w = torch.randn(2, 4, 128, generator=gen), torch.randn(2, 4, generator=gen)
+    slots = torch.arange(3)
+    with pytest.raises(ValueError, match="uint8 \\[slots, 68\\]"):
+        indexer.indexer_scores_records(q, w, torch.zeros(3, 72, dtype=torch.uint8), slots)
+    q48, records48 = q[..., :48], torch.zeros(3, ops.record_bytes("mxfp4", 48), dtype=torch.uint8)
+    assert indexer.indexer_scores_records(q48, w, records48, slots) is NotImplemented
+    assert indexer.indexer_topk_records(q48, w, records48, slots, torch.tensor([3, 3]), 2) is NotImplemented
+
+
 def test_candidate_mask(gen):
     scores = torch.randn(4, 70, generator=gen)
     visible = torch.tensor([70, 33, 0, 1])

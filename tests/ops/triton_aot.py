@@ -234,9 +234,17 @@ def _launches() -> list[Launch]:
 
     # indexer, top-k, pre-filter
     add("indexer_scores fp32", indexer.indexer_scores, z(3, 32, 128), z(3, 32), z(200, 128))
+    add("indexer_scores_records fp32", indexer.indexer_scores_records, z(3, 32, 128), z(3, 32),
+        z(209, 68, dtype=torch.uint8), torch.arange(200))
+    add("indexer_scores_records d=16", indexer.indexer_scores_records, z(3, 32, 16, dtype=bf16), z(3, 32),
+        z(209, 9, dtype=torch.uint8), torch.arange(200))
     for b, n_keys in ((64, 32768), (8, 8192)):
         add(f"indexer_scores V4.1 b={b}", indexer.indexer_scores, z(b, 32, 128, dtype=bf16), z(b, 32),
             z(n_keys, 128, dtype=bf16))
+        add(f"indexer_scores_records V4.1 b={b}", indexer.indexer_scores_records, z(b, 32, 128, dtype=bf16),
+            z(b, 32), z(n_keys, 68, dtype=torch.uint8), torch.arange(n_keys))
+        add(f"indexer_scores_records V4.1 b={b} vLLM rows", indexer.indexer_scores_records,
+            z(b, 32, 128, dtype=bf16), z(b, 32), z(n_keys, 384, dtype=torch.uint8)[:, 288:356], torch.arange(n_keys))
         add(f"topk_indices V4.1 b={b}", indexer.topk_indices, z(b, n_keys), 512)
     for k in (1, 5, 16, 300):
         add(f"topk_indices k={k}", indexer.topk_indices, z(6, 130), k)

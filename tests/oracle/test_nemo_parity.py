@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
-from deepinfer_plugins.ops.indexer import masked_indexer_scores
+from deepinfer_plugins.ops.indexer import masked_indexer_scores, record_keys
 
 from ..conftest import prompt
 
@@ -64,19 +64,20 @@ def torch_candidate_mask(scores, visible, block_size, top_blocks):
     return keep.repeat_interleave(block_size, 1)[:, :n]
 
 
-def torch_indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+def torch_indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, candidates=None):
+    keys = record_keys(q, key_records, key_slots)
     return torch_topk_indices(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)
 
 
 ops.registry.register_backend("topk_indices", "torch_topk", torch_topk_indices)
 ops.registry.register_backend("candidate_mask", "torch_topk", torch_candidate_mask)
-ops.registry.register_backend("indexer_topk", "torch_topk", torch_indexer_topk)
+ops.registry.register_backend("indexer_topk_records", "torch_topk", torch_indexer_topk_records)
 
 
 @pytest.fixture
 def oracle_tie_order(monkeypatch):
     monkeypatch.setenv("DEEPINFER_OP_BACKEND",
-                       "topk_indices=torch_topk,candidate_mask=torch_topk,indexer_topk=torch_topk")
+                       "topk_indices=torch_topk,candidate_mask=torch_topk,indexer_topk_records=torch_topk")
 
 
 def oracle_logits(checkpoint: Path, ids: list[int], tmp_path: Path) -> np.ndarray:
@@ -122,12 +123,13 @@ def test_tie_order_is_the_only_difference(tmp_path):
         scores_seen.append(scores)
         return original(scores, k)
 
-    def recording_indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+    def recording_indexer_topk(q, head_weights, key_records, key_slots, visible, k, candidates=None):
+        keys = record_keys(q, key_records, key_slots)
         return recording(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)
 
     ops.registry.register_backend("topk_indices", "recording", recording)
-    ops.registry.register_backend("indexer_topk", "recording", recording_indexer_topk)
-    os.environ["DEEPINFER_OP_BACKEND"] = "topk_indices=recording,indexer_topk=recording"
+    ops.registry.register_backend("indexer_topk_records", "recording", recording_indexer_topk)
+    os.environ["DEEPINFER_OP_BACKEND"] = "topk_indices=recording,indexer_topk_records=recording"
     try:
         ours = model(ids)
     finally:

@@ -43,13 +43,16 @@ class Indexer(nn.Module):
         """x [q, d], q_latent [q, q_lora_rank] -> selected entry ids [q, index_topk] ascending, -1 padded."""
         q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
         head_weights = self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
-        keys = source.index_keys.values(q.dtype)  # [N, index_head_dim] from the mxfp4 records
+        index_keys = source.index_keys  # scored as stored: the kernels decode each 68 B mxfp4 record in registers
+        records = index_keys.records  # [S, 68] uint8, possibly row-strided
+        slots = index_keys.slots(torch.arange(index_keys.length, device=records.device))  # [N]: row of entry n
         visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
         if not self.is_candidate_source:  # selection only: one fused op (Ascend: npu_lightning_indexer)
             candidates = published["candidates"][-q.shape[0]:] if self.uses_candidates else None
-            return ops.indexer_topk(q, head_weights, keys, visible, self.args.index_topk, candidates)
+            return ops.indexer_topk_records(q, head_weights, records, slots, visible, self.args.index_topk,
+                                            candidates)
         # the candidate source also publishes its block pre-filter, which needs the scores themselves
-        scores = ops.indexer_scores(q, head_weights, keys)  # [q, N]
+        scores = ops.indexer_scores_records(q, head_weights, records, slots)  # [q, N]
         entry = torch.arange(scores.shape[1], device=scores.device)
         scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
         published["candidates"] = ops.candidate_mask(

@@ -70,9 +70,6 @@ class EntryRecords(Protocol):
     def slots(self, entries: torch.Tensor) -> torch.Tensor:
         """Rows of ``records`` holding entry ids ``entries`` (any shape; -1 stays -1)."""
 
-    def values(self, dtype: torch.dtype) -> torch.Tensor:
-        """Every entry dequantised -> [length, dim] in ``dtype``."""
-
 
 class RecordBuffer:
     """``EntryRecords`` in memory: rows appended with amortised doubling, so an append costs O(new rows)."""
@@ -98,9 +95,6 @@ class RecordBuffer:
     def slots(self, entries: torch.Tensor) -> torch.Tensor:
         return entries
 
-    def values(self, dtype: torch.dtype) -> torch.Tensor:
-        return ops.unpack_cache_records(self.data[: self.length], self.fmt, self.dim, dtype)
-
     def truncate(self, length: int) -> None:
         """Forget entries >= length (``CompressedKV.rollback``)."""
         self.length = min(self.length, length)
@@ -122,10 +116,6 @@ class MappedRecords:
     def slots(self, entries: torch.Tensor) -> torch.Tensor:
         found = self.slot_of(entries.clamp(min=0).cpu()).to(entries.device)
         return torch.where(entries >= 0, found, -1)
-
-    def values(self, dtype: torch.dtype) -> torch.Tensor:
-        slots = self.slot_of(torch.arange(self.length)).to(self.records.device)
-        return ops.cache_gather(self.records, slots, self.fmt, self.dim, dtype)
 
 
 class RollbackError(ValueError):

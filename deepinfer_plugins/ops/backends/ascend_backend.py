@@ -38,6 +38,9 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     and -1) are not relied on: ids outside [0, visible) become -1 and the row is sorted ascending. Layers with a
     candidate mask, which the op cannot take, are declined. q and keys are cast to bf16, exact for the
     MXFP4-quantised values the op contract promises (2 mantissa bits).
+  * indexer_topk_records -> the keys decoded from their mxfp4 records (``cache_gather``), then the indexer_topk
+    mapping above, under the same opt-in: the op takes float keys only. A call the mapping would decline is
+    declined before the decode.
   * fp8_fake_quant / mxfp4_fake_quant -> npu_dynamic_mx_quant (block 32, round mode "rint"), opt-in with
     DEEPINFER_ASCEND_MX_QUANT=1 because whether its UE8M0 rule is DeepGEMM's ceil (ours) or OCP's floor is not
     documented; the result is dequantised with the returned scales.
@@ -49,6 +52,7 @@ import os
 
 import torch
 
+from ..cache import cache_gather
 from ..registry import hookimpl
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -99,10 +103,16 @@ def hc_expand(streams, out, post, comb):
     return _npu().npu_mhc_post(streams, comb.float(), out, post.float())
 
 
-def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+def _lightning_indexer_takes(q, n_entries, k, candidates) -> bool:
+    """Whether npu_lightning_indexer's documented limits cover the call (and it has something to select)."""
     t, heads, dim = q.shape
+    return candidates is None and heads <= 64 and dim == 128 and 1 <= k <= 2048 and t > 0 and n_entries > 0
+
+
+def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
+    t, _, dim = q.shape
     n_entries = keys.shape[0]
-    if candidates is not None or heads > 64 or dim != 128 or not 1 <= k <= 2048 or t == 0 or n_entries == 0:
+    if not _lightning_indexer_takes(q, n_entries, k, candidates):
         return NotImplemented
     n_pages = -(-n_entries // PAGE_ROWS)
     pages = keys.new_zeros(n_pages * PAGE_ROWS, dim, dtype=torch.bfloat16)
@@ -119,6 +129,13 @@ def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
     chosen = (ids >= 0) & (ids < key_lengths[:, None])
     ids = torch.where(chosen, ids, n_entries).sort(dim=-1).values  # unused slots last, whatever the NPU put there
     return torch.where(ids == n_entries, -1, ids)
+
+
+def indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, candidates=None):
+    if not _lightning_indexer_takes(q, key_slots.shape[0], k, candidates):
+        return NotImplemented
+    keys = cache_gather(key_records, key_slots, "mxfp4", q.shape[-1], q.dtype)
+    return indexer_topk(q, head_weights, keys, visible, k)
 
 
 def _mx_fake_quant(x, block, dst_type):
@@ -149,6 +166,7 @@ def deepinfer_register_ops(registry) -> None:
     registry.register_backend("hc_expand", "ascend", hc_expand)
     if os.environ.get("DEEPINFER_ASCEND_LIGHTNING_INDEXER") == "1":
         registry.register_backend("indexer_topk", "ascend", indexer_topk)
+        registry.register_backend("indexer_topk_records", "ascend", indexer_topk_records)
     if os.environ.get("DEEPINFER_ASCEND_MX_QUANT") == "1":
         registry.register_backend("fp8_fake_quant", "ascend", fp8_fake_quant)
         registry.register_backend("mxfp4_fake_quant", "ascend", mxfp4_fake_quant)

@@ -26,6 +26,7 @@ OPS = {
     "sparse_attention": "attention", "sparse_attention_records": "attention",
     "linear_fp8": "gemm", "linear_fp4": "gemm",
     "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer", "indexer_topk": "indexer",
+    "indexer_scores_records": "indexer", "indexer_topk_records": "indexer",
     "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_expand": "mhc",
     "rms_norm": "misc", "rope": "misc", "swiglu": "misc", "sqrtsoftplus_route": "misc", "engram_hash": "misc",
     "engram_gate": "misc", "csa2_compress": "misc",

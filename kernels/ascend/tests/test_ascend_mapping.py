@@ -4,9 +4,9 @@ A fake ``torch_npu`` in sys.modules records each call (op name, argument layouts
 and computes the op's documented formula (written out here, or with a reference where the doc defines the op
 as that math); the backend's result must equal the reference op. Nothing here runs an NPU: what this proves is
 the call contract as we read the docs, and our own glue (the sink fold-in, the mHC output selection, the
-indexer's paging and its order- and fill-independent post-processing, the MX dequantisation). Where a fact is
-not documented (the lightning indexer's tie rule, its unused-slot value), the fake states the assumption and
-the tests show which results depend on it.
+indexer's paging and its order- and fill-independent post-processing, the records decode in front of it, the MX
+dequantisation). Where a fact is not documented (the lightning indexer's tie rule, its unused-slot value), the
+fake states the assumption and the tests show which results depend on it.
 """
 
 import sys
@@ -257,6 +257,41 @@ def test_indexer_topk_outside_the_op_limits_is_declined(npu, heads, dim, k, with
     assert npu.calls == []
 
 
+def in_record_rows(keys, seed=0):
+    """keys [N, 128] as mxfp4 records at shuffled rows of wider engine rows (a row-strided view) -> (records, slots)."""
+    g = torch.Generator().manual_seed(seed)
+    records = ops.pack_cache_records.reference(keys, "mxfp4")
+    table = torch.randint(0, 256, (keys.shape[0] + 7, 100), generator=g, dtype=torch.uint8)
+    slots = torch.randperm(keys.shape[0] + 7, generator=g)[: keys.shape[0]]
+    table[slots, :68] = records
+    return table[:, :68], slots
+
+
+def test_indexer_topk_records_decodes_then_calls_the_lightning_indexer(npu):
+    """The records op hands the lightning indexer the decoded keys, in entry order, as the float op does."""
+    q, weights, keys, visible = indexer_case()
+    records, slots = in_record_rows(keys)
+    got = ascend_backend.indexer_topk_records(q, weights, records, slots, visible, 16)
+    call = npu.calls[-1]
+    assert call["key"] == ((3, 128, 1, 128), torch.bfloat16)
+    assert call["actual_seq_lengths_key"] == ([0, 3, 60, 299, 300, 300], torch.int32)
+    assert len(npu.calls) == 1
+    assert torch.equal(got, ops.indexer_topk_records.reference(q, weights, records, slots, visible, 16))
+    assert torch.equal(got, ascend_backend.indexer_topk(q, weights, keys, visible, 16))
+
+
+@pytest.mark.parametrize("heads,n,k,with_candidates", [(8, 40, 16, True), (72, 40, 16, False), (8, 0, 16, False),
+                                                       (8, 40, 3072, False)])
+def test_indexer_topk_records_outside_the_op_limits_is_declined(npu, heads, n, k, with_candidates):
+    g = torch.Generator().manual_seed(4)
+    q = ops.mxfp4_fake_quant.reference(torch.randn(4, heads, 128, generator=g))
+    records, slots = in_record_rows(torch.randn(n, 128, generator=g))
+    weights, visible = torch.randn(4, heads, generator=g), torch.tensor([0, 5, 20, 40])
+    candidates = torch.rand(4, n, generator=g) > 0.5 if with_candidates else None
+    assert ascend_backend.indexer_topk_records(q, weights, records, slots, visible, k, candidates) is NotImplemented
+    assert npu.calls == []
+
+
 @pytest.mark.parametrize("name,dst", [("fp8_fake_quant", torch.float8_e4m3fn), ("mxfp4_fake_quant", torch.float4_e2m1fn_x2)])
 def test_mx_quant_call_and_dequant(npu, name, dst):
     x = torch.randn(4, 64).bfloat16()
@@ -276,8 +311,11 @@ class RecordingRegistry:
         raise AssertionError(f"torch.npu exists, yet {backend} was marked unavailable: {reason}")
 
 
-@pytest.mark.parametrize("env,opt_in", [({}, set()), ({"DEEPINFER_ASCEND_LIGHTNING_INDEXER": "1"}, {"indexer_topk"}),
-                                        ({"DEEPINFER_ASCEND_MX_QUANT": "1"}, {"fp8_fake_quant", "mxfp4_fake_quant"})])
+@pytest.mark.parametrize("env,opt_in", [
+    ({}, set()),
+    ({"DEEPINFER_ASCEND_LIGHTNING_INDEXER": "1"}, {"indexer_topk", "indexer_topk_records"}),
+    ({"DEEPINFER_ASCEND_MX_QUANT": "1"}, {"fp8_fake_quant", "mxfp4_fake_quant"}),
+])
 def test_registers_the_documented_mappings_and_opt_ins(monkeypatch, env, opt_in):
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(), raising=False)
     for name in ("DEEPINFER_ASCEND_LIGHTNING_INDEXER", "DEEPINFER_ASCEND_MX_QUANT"):

@@ -6,22 +6,36 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, next_pow2
+from ...cache import record_bytes
+from .common import INTERPRETED, e2m1_decode, empty, next_pow2, ue8m0_decode
 
 
 @triton.jit
-def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, T, H, D, N, TB: tl.constexpr, HP: tl.constexpr,
-                           DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr, BF16_DOT: tl.constexpr):
+def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, out_ptr, T, H, D, N, key_stride, TB: tl.constexpr,
+                           HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
+                           BF16_DOT: tl.constexpr, RECORDS: tl.constexpr, SB: tl.constexpr):
     """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for TB query rows and BN keys.
 
     The TB * HP (row, head) pairs form one matrix against the key tile, so every key tile read from memory
     serves TB queries. q and the keys are MXFP4 values (E2M1 times a power of two), exact in bf16: on a GPU the
     dot runs on bf16 tensor cores with fp32 accumulation and gives the fp32 products exactly; only the summation
     order differs from the reference. The interpreter has no bf16 dot, so it runs the same sum in fp32 (the GPU
-    tests check the bf16 path). The dot runs over BD channels at a time to bound registers."""
+    tests check the bf16 path). The dot runs over BD channels at a time to bound registers.
+
+    Keys are float rows key_stride elements apart, or with RECORDS mxfp4 records (D / 2 bytes of E2M1 pairs, even
+    channel low, then D / SB UE8M0 scales, SB = min(32, D) a power of two dividing BD) at rows slot[n], key_stride
+    bytes apart, decoded in registers to the value ``cache_gather`` gives in q's dtype: the same key tile as the
+    float path, so the same scores bit for bit, from 68 B per key at D = 128 instead of a decoded copy written and
+    read again. Each byte is loaded once and split into its two channels (tl.join), and each scale once per
+    block: loading per channel kept two 64-bit address tiles live and spilled at BN = 64 (255 registers)."""
     rows = tl.program_id(0) * TB + tl.arange(0, TB)  # [TB] query rows
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     h = tl.arange(0, HP)
+    nmask = n < N
+    if RECORDS:
+        key_row = k_ptr + tl.load(slot_ptr + n, mask=nmask, other=0).to(tl.int64) * key_stride  # [BN] records
+    else:
+        key_row = k_ptr + n.to(tl.int64) * key_stride
     pair_row = (rows[:, None] * H + h[None, :]).to(tl.int64)  # [TB, HP] rows of q viewed as [T * H, D]
     pair_mask = (rows[:, None] < T) & (h[None, :] < H)
     pair_row = tl.reshape(pair_row, [TB * HP])
@@ -32,8 +46,17 @@ def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, T, H, D, N, TB: tl.cons
         d = d0 + tl.arange(0, BD)
         q = tl.load(q_ptr + pair_row[:, None] * D + d[None, :], mask=pair_mask[:, None] & (d[None, :] < D),
                     other=0.0)
-        keys = tl.load(k_ptr + n[:, None].to(tl.int64) * D + d[None, :], mask=(n[:, None] < N) & (d[None, :] < D),
-                       other=0.0)
+        if RECORDS:
+            pair = d0 // 2 + tl.arange(0, BD // 2)  # byte of channels 2i, 2i + 1
+            group = d0 // SB + tl.arange(0, BD // SB)  # scale block
+            pairs = tl.load(key_row[:, None] + pair[None, :], mask=nmask[:, None] & (pair[None, :] < D // 2),
+                            other=0).to(tl.int32)  # [BN, BD / 2]
+            scales = ue8m0_decode(tl.load(key_row[:, None] + D // 2 + group[None, :],
+                                          mask=nmask[:, None] & (group[None, :] < D // SB), other=127).to(tl.int32))
+            values = tl.join(e2m1_decode(pairs & 15), e2m1_decode(pairs >> 4))  # [BN, BD / 2, 2]: even channel low
+            keys = (values.reshape(BN, BD // SB, SB) * scales[:, :, None]).reshape(BN, BD).to(q_ptr.dtype.element_ty)
+        else:
+            keys = tl.load(key_row[:, None] + d[None, :], mask=nmask[:, None] & (d[None, :] < D), other=0.0)
         if BF16_DOT:
             dots = tl.dot(q.to(tl.bfloat16), tl.trans(keys.to(tl.bfloat16)), dots)
         else:
@@ -44,10 +67,10 @@ def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, out_ptr, T, H, D, N, TB: tl.cons
              mask=(rows[:, None] < T) & (n[None, :] < N))
 
 
-def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """q [T, h, d] and keys [N, d] (MXFP4-rounded, as the op's contract says), head_weights [T, h] -> fp32 [T, N]."""
+def _scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, n: int, key_stride: int,
+            slots: torch.Tensor | None) -> torch.Tensor:
+    """Launches the scoring kernel over n keys: float rows of ``keys``, or mxfp4 records keys[slots]."""
     t, h, d = q.shape
-    n = keys.shape[0]
     out = empty((t, n), torch.float32, q.device)
     if t == 0 or n == 0:
         return out
@@ -56,10 +79,33 @@ def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tens
     bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
     dp = max(16, next_pow2(d))
     _indexer_scores_kernel[(triton.cdiv(t, tb), triton.cdiv(n, bn))](
-        q.contiguous(), head_weights.contiguous(), keys.contiguous(), out, t, h, d, n,
-        TB=tb, HP=hp, DP=dp, BD=dp if INTERPRETED else min(dp, 64), BN=bn,
-        BF16_DOT=not INTERPRETED)
+        q.contiguous(), head_weights.contiguous(), keys, slots if slots is not None else keys, out, t, h, d, n,
+        key_stride, TB=tb, HP=hp, DP=dp, BD=dp if INTERPRETED else min(dp, 64), BN=bn, BF16_DOT=not INTERPRETED,
+        RECORDS=slots is not None, SB=min(32, d))
     return out
+
+
+def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q [T, h, d] and keys [N, d] (MXFP4-rounded, as the op's contract says), head_weights [T, h] -> fp32 [T, N]."""
+    keys = keys.contiguous()
+    return _scores(q, head_weights, keys, keys.shape[0], q.shape[-1], None)
+
+
+def indexer_scores_records(q: torch.Tensor, head_weights: torch.Tensor, key_records: torch.Tensor,
+                           key_slots: torch.Tensor) -> torch.Tensor:
+    """``indexer_scores`` with key n the mxfp4 record key_records[key_slots[n]] (uint8 [S, record_bytes], rows may
+    be strided; only the bytes within a row must be dense), decoded in the kernel. Declined (the reference
+    runs it) where the scale block min(32, d) is no power of two that divides d: the kernel tiles by it."""
+    d = q.shape[-1]
+    block = min(32, d)
+    if d % block or block < 2 or block & (block - 1):
+        return NotImplemented
+    width = record_bytes("mxfp4", d)
+    if (key_records.dtype != torch.uint8 or key_records.dim() != 2 or key_records.shape[1] != width
+            or key_records.stride(1) != 1):
+        raise ValueError(f"key records must be a uint8 [slots, {width}] table dense within a row for index head dim "
+                         f"{d}; got {key_records.dtype} {tuple(key_records.shape)} strides {key_records.stride()}")
+    return _scores(q, head_weights, key_records, key_slots.shape[0], key_records.stride(0), key_slots.contiguous())
 
 
 @triton.jit
@@ -165,15 +211,27 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, block_size: int,
     return out.bool()
 
 
-def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, k: int,
-                 candidates: torch.Tensor | None = None) -> torch.Tensor:
-    """The fused selection: the scoring kernel, the visibility / candidate masks, then whichever top-k the registry
-    picks for this device (the Triton one is forced-only on CUDA, where sorting is faster)."""
+def _select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None) -> torch.Tensor:
+    """The visibility / candidate masks, then whichever top-k the registry picks for this device (the Triton one
+    is forced-only on CUDA, where sorting is faster)."""
     from ... import topk_indices as selected_topk
 
-    scores = indexer_scores(q, head_weights, keys)
     entry = torch.arange(scores.shape[1], device=scores.device)
     hidden = entry[None, :] >= visible[:, None]
     if candidates is not None:
         hidden = hidden | ~candidates
     return selected_topk(scores.masked_fill(hidden, float("-inf")), k)
+
+
+def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, k: int,
+                 candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused selection: the scoring kernel, then the masks and top-k of ``_select``."""
+    return _select(indexer_scores(q, head_weights, keys), visible, k, candidates)
+
+
+def indexer_topk_records(q: torch.Tensor, head_weights: torch.Tensor, key_records: torch.Tensor,
+                         key_slots: torch.Tensor, visible: torch.Tensor, k: int,
+                         candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """``indexer_topk`` with the keys decoded from their mxfp4 records inside the scoring kernel."""
+    scores = indexer_scores_records(q, head_weights, key_records, key_slots)
+    return scores if scores is NotImplemented else _select(scores, visible, k, candidates)
