@@ -55,12 +55,11 @@ def paged_layout(args: ModelArgs, needed: int, tokens_per_row: int, block_size: 
     ``needed`` bytes: the row is window_width * tokens_per_row * 2^j for the least j that fits, and the block
     holds 2^-j as many tokens, so the page equals the window page. Where the block cannot be divided that far
     (a block must hold whole rows) it keeps ``block_size`` and vLLM grows the other groups' blocks to match."""
-    unit = window_width(args) * tokens_per_row
+    unit = window_width(args) * tokens_per_row  # a multiple of ROW_ALIGN, so scale 1 always keeps rows aligned
     scale = 2.0 ** math.ceil(math.log2(needed / unit))
-    width = max(ROW_ALIGN, int(unit * scale))
-    while width % ROW_ALIGN:  # a scale below 1 that does not divide the unit evenly
+    while (unit * scale) % ROW_ALIGN:  # a scale below 1 that leaves rows unaligned
         scale *= 2
-        width = int(unit * scale)
+    width = int(unit * scale)
     block = block_size / scale
     if block != int(block) or int(block) % tokens_per_row:
         return width, block_size

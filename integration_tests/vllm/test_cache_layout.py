@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from deepinfer_plugins.models.deepseek_v41.args import ModelArgs, preset_config
-from deepinfer_plugins.vllm.cache import make_cache_owners, make_dspark_feature_owner
+from deepinfer_plugins.vllm.cache import make_cache_owners, make_dspark_feature_owner, paged_layout, window_width
 
 
 def fake_vllm_config(block_size: int):
@@ -47,3 +47,18 @@ def test_full_config_caches_are_records_with_one_page_size(block_size):
 
     persistent = sum(o.spec.head_size / ratios[int(s)] for s, o in compressed.items())
     assert persistent == 3 * 272 + 544 == 1360  # bytes per token of context; spec §8.4's unpadded budget is 890
+
+
+@pytest.mark.parametrize("preset", ["tiny", "full"])
+@pytest.mark.parametrize("block_size", [16, 64, 256])
+@pytest.mark.parametrize("tokens_per_row", [1, 2])
+@pytest.mark.parametrize("needed", [1, 5, 33, 100, 356, 544, 4100, 10000])
+def test_paged_layout_keeps_the_window_page(preset, block_size, tokens_per_row, needed):
+    """Rows fit, stay 16-byte aligned, and a block holds whole rows; the page equals the window page unless the
+    block could not be divided (then the block size is unchanged and vLLM grows the other groups' blocks)."""
+    args = ModelArgs.from_hf_config(preset_config(preset))
+    width, block = paged_layout(args, needed, tokens_per_row, block_size)
+    assert width >= needed and width % 16 == 0 and block % tokens_per_row == 0
+    page = block // tokens_per_row * width
+    window_page = block_size * window_width(args)
+    assert page == window_page or (block == block_size and page % window_page == 0)
