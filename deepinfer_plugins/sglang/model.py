@@ -84,8 +84,8 @@ class SlotStore:
     tokens             [slots] int64            token id (Engram n-gram history)
     """
 
-    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device):
-        self.args, self.dtype, self.device = args, dtype, device
+    def __init__(self, args: ModelArgs, device: torch.device):
+        self.args, self.device = args, device
         self.capacity = 0
         self.window: dict[int, torch.Tensor] = {}
         self.entries: dict[int, torch.Tensor] = {}
@@ -261,7 +261,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
     # ---- forward ------------------------------------------------------------------------------------------
     def slot_store(self, num_slots: int) -> SlotStore:
         if self.store is None:
-            self.store = SlotStore(self.args, self.model.dtype, self.model.embed.weight.device)
+            self.store = SlotStore(self.args, self.model.embed.weight.device)
         self.store.ensure(num_slots)
         return self.store
 
