@@ -32,9 +32,10 @@ import torch
 from torch import nn
 
 from .. import ops
+from ..ops.cache import record_bytes
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.attention import Attention
-from ..models.deepseek_v41.kv_cache import RollbackError, SequenceChunk, WindowRing
+from ..models.deepseek_v41.kv_cache import COMPRESSED_FORMAT, WINDOW_FORMAT, RollbackError, SequenceChunk, WindowRing
 from ..models.deepseek_v41.linear import Linear
 from ..models.deepseek_v41.model import Block
 from ..models.deepseek_v41.norm import RMSNorm
@@ -42,22 +43,24 @@ from .sampling import processed_probs
 
 
 class DraftState:
-    """One sequence's drafter state: per stage, a ring of context keys by position, for positions < num_tokens.
+    """One sequence's drafter state: per stage, a ring of context keys by position, for positions < num_tokens,
+    stored as fp8_window records like the target's window (spec V4.1 §11: each stage's own FP8 cache).
 
     num_tokens is the number of positions whose target features have been appended, so the next block's slot
     0 (the anchor) sits at position num_tokens. ``max_rollback`` extra ring rows let ``rollback`` forget that
     many positions and still hold a full window.
     """
 
-    def __init__(self, args: ModelArgs, num_stages: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", max_rollback: int = 0):
+    def __init__(self, args: ModelArgs, num_stages: int, device: torch.device | str = "cpu", max_rollback: int = 0):
         self.window, self.max_rollback = args.sliding_window, max_rollback
-        self.rings = [WindowRing(torch.zeros(args.sliding_window + max_rollback, args.head_dim, dtype=dtype,
-                                             device=device), f"mtp.{s} context") for s in range(num_stages)]
+        shape = (args.sliding_window + max_rollback, record_bytes(WINDOW_FORMAT, args.head_dim))
+        self.rings = [WindowRing(torch.zeros(shape, dtype=torch.uint8, device=device), f"mtp.{s} context",
+                                 WINDOW_FORMAT) for s in range(num_stages)]
         self.num_tokens = 0
 
-    def context_keys(self, stage: int, end: int) -> torch.Tensor:
-        """The stage's context keys of the ``sliding_window`` positions before ``end`` -> [<= window, head_dim]."""
+    def context_records(self, stage: int, end: int) -> torch.Tensor:
+        """The stage's context-key records of the ``sliding_window`` positions before ``end`` -> uint8
+        [<= window, record bytes]."""
         return self.rings[stage].read(max(0, end - self.window), end)
 
     def rollback(self, num_tokens: int) -> None:
@@ -83,11 +86,15 @@ class DraftAttention(Attention):
         for chunk in chunks:
             slots = x[chunk.row_start: chunk.row_start + chunk.num_rows]
             positions = chunk.start_pos + torch.arange(chunk.num_rows, device=x.device)
-            context = chunk.state.context_keys(stage, chunk.start_pos)  # [<= window, head_dim]
+            context = chunk.state.context_records(stage, chunk.start_pos)  # [<= window, record bytes]
             q, _ = self.queries(slots, positions)
-            pool = torch.cat((context.to(x.dtype), self.latents(slots, positions)))  # [keys, head_dim]
-            indices = torch.arange(pool.shape[0], device=x.device).expand(chunk.num_rows, -1)  # every slot sees all
-            o = ops.sparse_attention(q, pool, indices, self.attn_sink, self.softmax_scale)
+            block = ops.pack_cache_records(self.window_latents(slots, positions), WINDOW_FORMAT)  # the B slots' keys
+            keys = torch.cat((context.to(x.device), block))
+            indices = torch.arange(keys.shape[0], device=x.device).expand(chunk.num_rows, -1)  # every slot sees all
+            no_entries = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
+                                     device=x.device)
+            o = ops.sparse_attention_records(q, keys, indices, no_entries, indices[:, :0], self.attn_sink,
+                                             self.softmax_scale)
             outputs.append(self.rotate(o, positions, inverse=True))
         return self.project_out(torch.cat(outputs))
 
@@ -165,7 +172,7 @@ class DSparkDrafter(nn.ModuleList):
 
     def new_state(self, max_rollback: int = 0, device: torch.device | str | None = None) -> DraftState:
         device = device if device is not None else self[0].attn_norm.weight.device
-        return DraftState(self.args, len(self), self.dtype, device, max_rollback)
+        return DraftState(self.args, len(self), device, max_rollback)
 
     # ---- context -----------------------------------------------------------------------------------------
     def reduce_streams(self, streams: torch.Tensor) -> torch.Tensor:
@@ -196,7 +203,7 @@ class DSparkDrafter(nn.ModuleList):
             state.rollback(start_pos)
         positions = start_pos + torch.arange(context.shape[0], device=context.device)
         for stage, ring in zip(self, state.rings):
-            ring.write(stage.attn.latents(context.to(self.dtype), positions), start_pos)
+            ring.write(stage.attn.window_latents(context.to(self.dtype), positions), start_pos)
         state.num_tokens = start_pos + context.shape[0]
 
     # ---- drafting ----------------------------------------------------------------------------------------

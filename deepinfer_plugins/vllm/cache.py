@@ -305,10 +305,17 @@ class PagedSequenceState:
 
 
 # ---- DSpark draft context (deepinfer_plugins/vllm/spec_decode.py) ---------------------------------------------------
+def _draft_record_layout(args: ModelArgs) -> tuple[int, int]:
+    """(record bytes per stage, byte offset of the int32 position) of a DSpark context row."""
+    record = record_bytes(WINDOW_FORMAT, args.head_dim)
+    return record, INT32 * math.ceil(args.num_nextn_predict_layers * record / INT32)
+
+
 def dspark_feature_layout(args: ModelArgs, block_size: int) -> tuple[int, int]:
     """(row bytes, block size) of the DSpark context cache: one row per token holding every draft stage's context
-    key of that position (fp32 [num_stages * head_dim], see ``PagedDraftContext``) and the position (int32)."""
-    return paged_layout(args, args.num_nextn_predict_layers * args.head_dim * 4 + INT32, 1, block_size)
+    key of that position as an fp8_window record (see ``PagedDraftContext``), then the position (int32)."""
+    _, position_at = _draft_record_layout(args)
+    return paged_layout(args, position_at + INT32, 1, block_size)
 
 
 def make_dspark_feature_owner(args: ModelArgs, vllm_config, prefix: str, num_speculative_tokens: int) -> CacheOwner:
@@ -321,41 +328,44 @@ def make_dspark_feature_owner(args: ModelArgs, vllm_config, prefix: str, num_spe
     return CacheOwner(f"{prefix}layers.{args.num_hidden_layers}.dspark_context", spec, vllm_config)
 
 
-def _draft_columns(args: ModelArgs, owner: CacheOwner) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 keys [slots, num_stages * head_dim], int32 positions [slots, 1]) of the DSpark context cache."""
-    key_bytes = args.num_nextn_predict_layers * args.head_dim * 4
+def _draft_columns(args: ModelArgs, owner: CacheOwner) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(per stage the fp8_window record columns [slots, record bytes], int32 positions [slots, 1]) of the DSpark
+    context cache."""
+    record, position_at = _draft_record_layout(args)
     table = owner.rows()
-    return table[:, :key_bytes].view(torch.float32), table[:, key_bytes: key_bytes + INT32].view(torch.int32)
+    stages = [table[:, s * record: (s + 1) * record] for s in range(args.num_nextn_predict_layers)]
+    return stages, table[:, position_at: position_at + INT32].view(torch.int32)
 
 
 class PagedDraftContext:
-    """The ``DraftState`` face the drafter's attention reads (``num_tokens``, ``context_keys``) over the paged DSpark
-    context cache of one request: keys of positions < anchor position, read from vLLM's memory, nothing kept."""
+    """The ``DraftState`` face the drafter's attention reads (``num_tokens``, ``context_records``) over the paged
+    DSpark context cache of one request: keys of positions < anchor position, read from vLLM's memory, nothing
+    kept."""
 
     def __init__(self, args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, anchor_pos: int):
         self.num_tokens, self.window = anchor_pos, args.sliding_window
         first = max(0, anchor_pos - self.window)
         positions = torch.arange(first, anchor_pos)
-        slots = owner.slots(block_row, positions)
-        keys, stored_positions = _draft_columns(args, owner)
-        stored = stored_positions[slots, 0].long()
+        self.slots = owner.slots(block_row, positions)
+        self.stages, stored_positions = _draft_columns(args, owner)
+        stored = stored_positions[self.slots, 0].long()
         if not torch.equal(stored, positions):
             raise RuntimeError(f"DSpark context cache does not hold positions {first}..{anchor_pos - 1} "
                                f"(found {stored.tolist()})")
-        self.keys = keys[slots].view(-1, args.num_nextn_predict_layers, args.head_dim)
 
-    def context_keys(self, stage: int, end: int) -> torch.Tensor:
+    def context_records(self, stage: int, end: int) -> torch.Tensor:
         if end != self.num_tokens:
             raise ValueError(f"draft context read up to {end}, built for anchor position {self.num_tokens}")
-        return self.keys[:, stage]
+        return self.stages[stage][self.slots]
 
 
 def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, keys: torch.Tensor,
                          start_pos: int) -> None:
-    """Store keys [n, num_stages, head_dim] of positions start_pos.. of one request (and the positions)."""
-    n, stages, d = keys.shape
-    positions = torch.arange(start_pos, start_pos + n)
+    """Store every stage's context keys [n, num_stages, head_dim] (unquantised: written as fp8_window records) of
+    positions start_pos.. of one request, and the positions."""
+    positions = torch.arange(start_pos, start_pos + keys.shape[0])
     slots = owner.slots(block_row, positions)
-    table, stored_positions = _draft_columns(args, owner)
-    table[slots] = keys.reshape(n, stages * d).float()
+    stages, stored_positions = _draft_columns(args, owner)
+    for stage, columns in enumerate(stages):
+        ops.cache_write(columns, slots.to(keys.device), keys[:, stage], WINDOW_FORMAT)
     stored_positions[slots, 0] = positions.to(torch.int32)

@@ -123,7 +123,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                    for layer in self.capture_layers}
         positions = torch.cat([torch.arange(start, start + n) for _, start, n in rows])
         context = drafter.context(streams).to(drafter.dtype)  # [rows, d]
-        keys = torch.stack([stage.attn.latents(context, positions) for stage in drafter], dim=1)  # [rows, S, hd]
+        keys = torch.stack([stage.attn.window_latents(context, positions) for stage in drafter], dim=1)  # [rows, S, d]
         row = 0
         for request, start, n in rows:
             write_dspark_context(self.args, self.context_cache, context_meta.block_table[request],

@@ -104,10 +104,6 @@ class Attention(nn.Module):
         """Window latents [n, head_dim] before the cache's FP8 block-32 quantisation: norm, RoPE."""
         return self.rotate(self.kv_norm(self.wkv(x)), positions)
 
-    def latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Window latents at the cache precision (spec §8.1), for callers that keep float keys (the drafter)."""
-        return ops.fp8_fake_quant(self.window_latents(x, positions))
-
     def queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (q [n, heads, head_dim] rotated, q latent [n, q_lora_rank] shared with the indexer)."""
         q_latent = self.q_norm(self.wq_a(x))

@@ -125,10 +125,10 @@ class RollbackError(ValueError):
 class WindowRing:
     """The latents of the last ``size`` positions of one layer: slot = position % size, -1 marks an empty slot.
 
-    ``rows`` [size, width] are float latents, or with ``fmt`` uint8 byte records of that cache format, written
-    by ``ops.cache_write``."""
+    ``rows`` uint8 [size, record bytes] hold the byte records of cache format ``fmt``, written by
+    ``ops.cache_write``."""
 
-    def __init__(self, rows: torch.Tensor, name: str, fmt: str | None = None):
+    def __init__(self, rows: torch.Tensor, name: str, fmt: str):
         self.rows, self.size, self.name, self.fmt = rows, rows.shape[0], name, fmt
         self.positions = torch.full((self.size,), -1, dtype=torch.long, device=rows.device)
 
@@ -141,19 +141,16 @@ class WindowRing:
         return slots
 
     def read(self, first: int, end: int) -> torch.Tensor:
-        """Rows of positions [first, end) -> [end - first, row width]."""
+        """Records of positions [first, end) -> [end - first, record bytes]."""
         return self.rows[self.slots(first, end)]
 
     def write(self, latents: torch.Tensor, start_pos: int) -> None:
-        """Store latents [n, width] of positions start_pos..; only the last ``size`` are kept."""
+        """Store latents [n, dim] of positions start_pos.. as records; only the last ``size`` are kept."""
         keep = min(latents.shape[0], self.size)
         positions = torch.arange(start_pos + latents.shape[0] - keep, start_pos + latents.shape[0],
                                  device=latents.device)
         slots = positions % self.size
-        if self.fmt:
-            ops.cache_write(self.rows, slots, latents[-keep:], self.fmt)
-        else:
-            self.rows[slots] = latents[-keep:].to(self.rows.dtype)
+        ops.cache_write(self.rows, slots, latents[-keep:], self.fmt)
         self.positions[slots] = positions
 
     def rollback(self, num_tokens: int) -> None:
