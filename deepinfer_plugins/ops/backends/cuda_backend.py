@@ -123,9 +123,10 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
 
 def sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots, sink, softmax_scale):
     """Keys read from the cache records: from ``MMA_FROM_ROWS`` rows on (prefill, DSpark verify) the rows share
-    most keys, so decoding each distinct key once into a bf16 pool (the registry's ``cache_gather``) and running
-    the tensor-core kernel beats decoding every row's keys in registers; fewer rows go to Triton's records kernel.
-    A forced ``DEEPINFER_CUDA_ATTENTION`` variant applies here too."""
+    most keys, so each distinct key is decoded once into a bf16 pool (the registry's ``cache_gather``) for the
+    tensor-core kernel, which on the H200 beat Triton's pool kernel from 64 rows; whether that also beats Triton's
+    records kernel (every row's keys decoded in registers) is not measured yet: benchmarks/kernels.py times both.
+    Fewer rows go to Triton's records kernel. A forced ``DEEPINFER_CUDA_ATTENTION`` variant applies here too."""
     forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
     if (not forced and q.shape[0] < MMA_FROM_ROWS) or not _simt_fits(q):
         return NotImplemented

@@ -64,6 +64,7 @@
 
 #include <cstdint>
 
+#include "../../common/device.cuh"
 #include "../split_combine.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL) || \
@@ -533,9 +534,8 @@ extern "C" cudaError_t deepinfer_sparse_attention_tcgen05_bf16(const void* q, co
       reinterpret_cast<uintptr_t>(q) % 16 != 0 || reinterpret_cast<uintptr_t>(kv) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
-  int device = 0, major = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  int major = 0, minor = 0;
+  cudaError_t err = current_compute_capability(&major, &minor);
   if (err != cudaSuccess) return err;
   if (major != 10) return cudaErrorNotSupported;
   if (rows == 0 || heads == 0) return cudaSuccess;

@@ -66,6 +66,7 @@
 
 #include <cstdint>
 
+#include "../../common/device.cuh"
 #include "../split_combine.cuh"
 
 namespace deepinfer {
@@ -524,10 +525,8 @@ extern "C" cudaError_t deepinfer_sparse_attention_wgmma_bf16(const void* q, cons
       (splits > 1 && workspace == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  int device = 0, major = 0, minor = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  int major = 0, minor = 0;
+  cudaError_t err = current_compute_capability(&major, &minor);
   if (err != cudaSuccess) return err;
   if (major != 9 || minor != 0) return cudaErrorNotSupported;
   if (rows == 0 || heads == 0) return cudaSuccess;
