@@ -210,13 +210,13 @@ class PagedCompressedKV:
         """Store every token's compressor inputs (wkv, wgate) and position at its slot."""
         positions = torch.arange(self.start_pos, self.end_pos)
         slots = self.inputs.slots(self.inputs_row, positions)
-        self.input_values[slots] = torch.cat((values, gates), dim=1).float().cpu().to(self.input_values.device)
+        self.input_values[slots] = torch.cat((values, gates), dim=1).float().to(self.input_values.device)
         self.input_positions[slots, 0] = positions.to(torch.int32)
 
     def _open_group(self) -> torch.Tensor:
         """Inputs of the open group's tokens [open, 2 * head_dim], checked to be the positions they should be."""
         if self.open_tokens == 0:
-            return torch.zeros(0, 2 * self.head_dim)
+            return torch.zeros(0, 2 * self.head_dim, device=self.latents.records.device)
         positions = torch.arange(self.start_pos - self.open_tokens, self.start_pos)
         slots = self.inputs.slots(self.inputs_row, positions)
         stored = self.input_positions[slots, 0].long()
