@@ -220,7 +220,7 @@ class PagedCompressedKV:
         positions = torch.arange(self.start_pos - self.open_tokens, self.start_pos)
         slots = self.inputs.slots(self.inputs_row, positions)
         stored = self.input_positions[slots, 0].long()
-        if not torch.equal(stored, positions):
+        if not torch.equal(stored.cpu(), positions):
             raise RuntimeError(f"compressor-input cache does not hold positions {positions.tolist()} "
                                f"(found {stored.tolist()})")
         return self.input_values[slots]
@@ -280,7 +280,7 @@ class PagedSequenceState:
         context = torch.arange(first, start_pos)
         context_slots = self.windows[layer].slots(self.window_rows[layer], context)
         stored = meta[context_slots, 1].long()
-        if not torch.equal(stored, context):
+        if not torch.equal(stored.cpu(), context):
             raise RuntimeError(f"layer {layer}: paged window cache does not hold positions {first}..{start_pos - 1}")
         positions = torch.arange(start_pos, start_pos + n)
         slots = self.windows[layer].slots(self.window_rows[layer], positions)
@@ -349,7 +349,7 @@ class PagedDraftContext:
         self.slots = owner.slots(block_row, positions)
         self.stages, stored_positions = _draft_columns(args, owner)
         stored = stored_positions[self.slots, 0].long()
-        if not torch.equal(stored, positions):
+        if not torch.equal(stored.cpu(), positions):
             raise RuntimeError(f"DSpark context cache does not hold positions {first}..{anchor_pos - 1} "
                                f"(found {stored.tolist()})")
 
