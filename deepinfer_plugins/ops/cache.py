@@ -39,6 +39,19 @@ def record_bytes(fmt: str, dim: int) -> int:
     return dim * bits // 8 + dim // block
 
 
+def _byte_values() -> tuple[torch.Tensor, torch.Tensor]:
+    """The value every stored byte decodes to: as one E4M3 code [256], and as a packed E2M1 pair [256, 2] (even
+    channel = low nibble, sign bit 3). Decoding a record is then one table lookup per byte."""
+    byte = torch.arange(256)
+    e4m3 = byte.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    codes = torch.stack((byte & 0x0F, byte >> 4), dim=-1)  # [256, 2]
+    magnitude = e2m1_value(codes & 0x7)
+    return e4m3, torch.where((codes & 0x8).bool(), -magnitude, magnitude)
+
+
+_E4M3_BYTE_VALUES, _E2M1_PAIR_VALUES = _byte_values()
+
+
 def _fp4_codes(xb: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """xb [..., nb, block] fp32, scale [..., nb, 1] -> E2M1 codes with sign bit 3, uint8 [..., nb, block]."""
     scaled = (xb / scale).clamp(-FP4_MAX, FP4_MAX)
@@ -78,11 +91,9 @@ def unpack_cache_records(records: torch.Tensor, fmt: str, dim: int, dtype: torch
     t, nb = records.shape[0], dim // block
     data, scale_bytes = records[:, : dim * bits // 8], records[:, dim * bits // 8: dim * bits // 8 + nb]
     if fmt == "fp8_window":
-        values = data.contiguous().view(torch.float8_e4m3fn).float()  # [T, D]
+        values = _E4M3_BYTE_VALUES.to(records.device).take(data.long())  # [T, D]
     else:
-        codes = torch.stack((data & 0x0F, data >> 4), dim=-1).reshape(t, dim)  # [T, D]
-        magnitude = e2m1_value(codes & 0x7)
-        values = torch.where((codes & 0x8).bool(), -magnitude, magnitude)
+        values = _E2M1_PAIR_VALUES.to(records.device)[data.long()].reshape(t, dim)  # [T, D/2, 2] -> [T, D]
     if fmt == "nvfp4":
         scale = scale_bytes.contiguous().view(torch.float8_e4m3fn).float()  # [T, nb]
     else:
