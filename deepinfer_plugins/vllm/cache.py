@@ -5,8 +5,10 @@ of owners (registered in ``static_forward_context`` so the runner finds them), a
   * one window cache per layer (sliding-window spec: blocks that leave the window are reused), a row per
     token: [fp8_window record (528 B at head_dim 512), int32 token id, int32 position]. The stored position
     lets every read check that the slot holds the token it should; the token ids give Engram its n-gram history;
-  * one compressed cache per KV-source layer (``tokens_per_state = ratio``), a row per group of ``ratio``
-    tokens: [nvfp4 entry record (288 B), mxfp4 index-key record (68 B)];
+  * one compressed cache per compression ratio (``tokens_per_state = ratio``), a row per group of ``ratio``
+    tokens holding every KV source of that ratio: [nvfp4 entry record (288 B) of each source, then the mxfp4
+    index-key record (68 B) of each source]. Sources of one ratio close their groups at the same positions, so
+    they share rows; packing them fills the padding the page rule below would leave in a row per source;
   * one compressor-input cache per KV-source layer with ratio > 1 (sliding window of ``ratio`` tokens), a row
     per token: [fp32 wkv(x), fp32 wgate(x), int32 position]. A group is pooled once its last token arrives, so
     only the inputs of the open group are ever read; they are written as each token is processed, so a request
@@ -66,8 +68,9 @@ def paged_layout(args: ModelArgs, needed: int, tokens_per_row: int, block_size: 
     return width, int(block)
 
 
-def compressed_layout(args: ModelArgs, ratio: int, block_size: int) -> tuple[int, int]:
-    needed = record_bytes(COMPRESSED_FORMAT, args.head_dim) + record_bytes(INDEX_KEY_FORMAT, args.index_head_dim)
+def compressed_layout(args: ModelArgs, ratio: int, num_sources: int, block_size: int) -> tuple[int, int]:
+    needed = num_sources * (record_bytes(COMPRESSED_FORMAT, args.head_dim)
+                            + record_bytes(INDEX_KEY_FORMAT, args.index_head_dim))
     return paged_layout(args, needed, ratio, block_size)
 
 
@@ -153,8 +156,28 @@ class CacheOwner(nn.Module, AttentionLayerBase):
         return block_row[rows // per_block].long() * per_block + rows % per_block
 
 
+class CompressedOwner(CacheOwner):
+    """The compressed cache of every KV source of one ratio: a source's records are columns of the shared rows."""
+
+    def __init__(self, name: str, spec, vllm_config, args: ModelArgs, sources: list[int]):
+        super().__init__(name, spec, vllm_config)
+        self.sources = sources
+        self.entry_bytes = record_bytes(COMPRESSED_FORMAT, args.head_dim)
+        self.key_bytes = record_bytes(INDEX_KEY_FORMAT, args.index_head_dim)
+
+    def entry_columns(self, source: int) -> torch.Tensor:
+        """uint8 [rows, 288 at head_dim 512]: the nvfp4 entry records of ``source``."""
+        at = self.sources.index(source) * self.entry_bytes
+        return self.rows()[:, at: at + self.entry_bytes]
+
+    def key_columns(self, source: int) -> torch.Tensor:
+        """uint8 [rows, 68 at index_head_dim 128]: the mxfp4 index-key records of ``source``."""
+        at = len(self.sources) * self.entry_bytes + self.sources.index(source) * self.key_bytes
+        return self.rows()[:, at: at + self.key_bytes]
+
+
 def make_cache_owners(args: ModelArgs, vllm_config, prefix: str):
-    """-> (window owner per layer, compressed owner per KV source, compressor-input owner per ratio > 1 source)."""
+    """-> (window owner per layer, compressed owner per ratio, compressor-input owner per ratio > 1 source)."""
     block_size = vllm_config.cache_config.block_size
     windows = nn.ModuleList(
         CacheOwner(f"{prefix}layers.{i}.window_cache",
@@ -162,13 +185,15 @@ def make_cache_owners(args: ModelArgs, vllm_config, prefix: str):
                                         dtype=CACHE_DTYPE, sliding_window=args.sliding_window), vllm_config)
         for i in range(args.num_hidden_layers))
     compressed, inputs = nn.ModuleDict(), nn.ModuleDict()
+    for ratio in sorted({args.layer_ratios[s] for s in args.kv_source_layer_ids}):
+        sources = [s for s in args.kv_source_layer_ids if args.layer_ratios[s] == ratio]
+        width, block = compressed_layout(args, ratio, len(sources), block_size)
+        compressed[str(ratio)] = CompressedOwner(
+            f"{prefix}layers.{sources[0]}.compressed_cache",  # vLLM wants one layer index in a cache's name
+            MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=width, dtype=CACHE_DTYPE,
+                             tokens_per_state=ratio), vllm_config, args, sources)
     for s in args.kv_source_layer_ids:
         ratio = args.layer_ratios[s]
-        width, block = compressed_layout(args, ratio, block_size)
-        compressed[str(s)] = CacheOwner(
-            f"{prefix}layers.{s}.compressed_cache",
-            MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=width, dtype=CACHE_DTYPE,
-                             tokens_per_state=ratio), vllm_config)
         if ratio > 1:
             width, block = inputs_layout(args, block_size)
             inputs[str(s)] = CacheOwner(
@@ -181,21 +206,19 @@ def make_cache_owners(args: ModelArgs, vllm_config, prefix: str):
 class PagedCompressedKV:
     """``CompressedKV`` over the paged compressed and compressor-input caches, for one request and one chunk."""
 
-    def __init__(self, args: ModelArgs, ratio: int, owner: CacheOwner, block_row: torch.Tensor,
+    def __init__(self, args: ModelArgs, source: int, owner: CompressedOwner, block_row: torch.Tensor,
                  inputs: CacheOwner | None, inputs_row: torch.Tensor | None, start_pos: int, end_pos: int):
-        self.ratio, self.head_dim = ratio, args.head_dim
+        self.ratio, self.head_dim = args.layer_ratios[source], args.head_dim
         self.start_pos, self.end_pos = start_pos, end_pos
-        first_entries, self.open_tokens = divmod(start_pos, ratio)
-        table = owner.rows()
-        entry_bytes = record_bytes(COMPRESSED_FORMAT, args.head_dim)
-        key_bytes = record_bytes(INDEX_KEY_FORMAT, args.index_head_dim)
+        first_entries, self.open_tokens = divmod(start_pos, self.ratio)
 
         def slot_of(entries: torch.Tensor) -> torch.Tensor:
             return owner.slots(block_row, entries)
 
-        self.latents = MappedRecords(table[:, :entry_bytes], COMPRESSED_FORMAT, args.head_dim, slot_of, first_entries)
-        self.index_keys = MappedRecords(table[:, entry_bytes: entry_bytes + key_bytes], INDEX_KEY_FORMAT,
-                                       args.index_head_dim, slot_of, first_entries)
+        self.latents = MappedRecords(owner.entry_columns(source), COMPRESSED_FORMAT, args.head_dim, slot_of,
+                                     first_entries)
+        self.index_keys = MappedRecords(owner.key_columns(source), INDEX_KEY_FORMAT, args.index_head_dim, slot_of,
+                                        first_entries)
         if inputs is not None:
             self.inputs, self.inputs_row = inputs, inputs_row
             columns = inputs.rows()[:, : 2 * args.head_dim * 4 + INT32]
@@ -261,12 +284,14 @@ class PagedSequenceState:
         self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
         end_pos = start_pos + token_ids.numel()
         self.sources = {}
-        for s, owner in compressed.items():
-            source_inputs = inputs[s] if s in inputs else None
-            self.sources[int(s)] = PagedCompressedKV(
-                args, args.layer_ratios[int(s)], owner, metadata[owner.layer_name].block_table[request],
-                source_inputs, metadata[source_inputs.layer_name].block_table[request] if source_inputs else None,
-                start_pos, end_pos)
+        for owner in compressed.values():
+            block_row = metadata[owner.layer_name].block_table[request]
+            for s in owner.sources:
+                source_inputs = inputs[str(s)] if str(s) in inputs else None
+                self.sources[s] = PagedCompressedKV(
+                    args, s, owner, block_row, source_inputs,
+                    metadata[source_inputs.layer_name].block_table[request] if source_inputs else None,
+                    start_pos, end_pos)
 
     def _window(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(fp8_window record columns, int32 [token id, position] columns) of a layer's window cache."""

@@ -1,10 +1,11 @@
 """The byte layout of V4.1's caches in vLLM's paged memory (deepinfer_plugins/vllm/cache.py) at the full config.
 
 Guarantees: every cache owner is a uint8 table whose page equals the window page (so vLLM pools them without
-growing any group's blocks); the window row is the 528-byte fp8_window record plus token id and position; the
-compressed row holds the 288-byte nvfp4 entry and the 68-byte mxfp4 index key; the compressor inputs of the
-ratio-2 sources sit in a sliding window of 2 tokens, so the bytes a request keeps per token of context are those
-of the compressed caches alone. The served behaviour of these caches is covered by the other tests here.
+growing any group's blocks); the window row is the 528-byte fp8_window record plus token id and position; a
+compressed row holds the 288-byte nvfp4 entry and the 68-byte mxfp4 index key of every KV source of its ratio,
+at disjoint columns; the compressor inputs of the ratio-2 sources sit in a sliding window of 2 tokens, so the
+bytes a request keeps per token of context are those of the compressed caches alone. The served behaviour of
+these caches is covered by the other tests here (test_packed_sources.py for several sources of one ratio).
 """
 
 from __future__ import annotations
@@ -36,17 +37,24 @@ def test_full_config_caches_are_records_with_one_page_size(block_size):
     assert window_page == block_size * 544
     assert {o.spec.page_size_bytes for o in owners} == {window_page}
 
-    ratios = {int(s): args.layer_ratios[int(s)] for s in compressed}
-    assert sorted(ratios.values()) == [1, 2, 2, 2]
-    for source, owner in compressed.items():
-        assert owner.spec.head_size == 544  # 288 + 68 bytes of records, padded to the page rule
-        assert owner.spec.block_size % ratios[int(source)] == 0
-    assert sorted(int(s) for s in inputs) == sorted(s for s, r in ratios.items() if r > 1)
+    assert {r: o.sources for r, o in compressed.items()} == {"1": [20], "2": [2, 8, 14]}
+    assert compressed["1"].spec.head_size == 544  # 288 + 68 bytes of records, padded to the page rule
+    assert compressed["2"].spec.head_size == 1088  # 3 x (288 + 68) = 1068 bytes: one row holds all three sources
+    for ratio, owner in compressed.items():
+        assert owner.spec.block_size % int(ratio) == 0 and owner.spec.tokens_per_state == int(ratio)
+        owner.bind_kv_cache(torch.zeros(2, owner.spec.block_size // int(ratio), owner.spec.head_size,
+                                        dtype=torch.uint8))
+        columns = [(c.data_ptr() - owner.rows().data_ptr(), c.shape[1]) for s in owner.sources
+                   for c in (owner.entry_columns(s), owner.key_columns(s))]
+        assert sorted(w for _, w in columns) == sorted([288, 68] * len(owner.sources))
+        spans = sorted((start, start + width) for start, width in columns)
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])) and spans[-1][1] <= 1088
+    assert sorted(int(s) for s in inputs) == [2, 8, 14]
     for owner in inputs.values():
         assert owner.spec.sliding_window == 2 and owner.spec.head_size >= 2 * 512 * 4 + 4
 
-    persistent = sum(o.spec.head_size / ratios[int(s)] for s, o in compressed.items())
-    assert persistent == 3 * 272 + 544 == 1360  # bytes per token of context; spec §8.4's unpadded budget is 890
+    persistent = sum(o.spec.head_size / int(r) for r, o in compressed.items())
+    assert persistent == 1088 / 2 + 544 == 1088  # bytes per token of context; spec §8.4's unpadded budget is 890
 
 
 @pytest.mark.parametrize("preset", ["tiny", "full"])

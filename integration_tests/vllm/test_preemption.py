@@ -1,5 +1,7 @@
 """Preemption and chunked prefill with the offline engine: a KV cache too small for the batch forces vLLM to
-preempt requests and recompute them; every output still equals the reference model's greedy decoding.
+preempt requests and recompute them; every output still equals the reference model's greedy decoding. Run on the
+tiny checkpoint and on a variant whose every compressed layer is its own KV source, so that a compressed row
+holds the records of several sources (two per ratio) at their own columns.
 
 Runs the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) in a subprocess of its own, so its memory and
 threads go away with it.
@@ -13,6 +15,12 @@ import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
+import pytest
+
+from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
+from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
 SCRIPT = textwrap.dedent("""
@@ -31,7 +39,23 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_outputs_survive_preemption_and_chunked_prefill(checkpoint, core_model, tmp_path):
+@pytest.fixture(scope="module")
+def packed_checkpoint(tmp_path_factory) -> Path:
+    """Tiny V4.1 with layers 2, 3 (ratio 2) and 4, 5 (ratio 1) each compressing their own KV."""
+    return write_random_checkpoint(tmp_path_factory.mktemp("packed"), "tiny", seed=1,
+                                   kv_source_layer_ids=[2, 3, 4, 5], index_source_layer_ids=[2, 3, 4, 5, 6])
+
+
+@pytest.fixture(params=["tiny", "packed"])
+def model_under_test(request, checkpoint, core_model):
+    if request.param == "tiny":
+        return checkpoint, core_model
+    packed = request.getfixturevalue("packed_checkpoint")
+    return packed, DeepseekV41ForCausalLM.from_pretrained(packed)
+
+
+def test_outputs_survive_preemption_and_chunked_prefill(model_under_test, tmp_path):
+    checkpoint, core_model = model_under_test
     # 8 prompts just short of a 256-token block: each needs a new block while decoding, which a 640 KiB pool of
     # byte-record caches cannot give all of them at once (the assertion below checks that it really preempts).
     prompts = [[0] + [100 + (7 * i + 13 * j) % 5000 for j in range(240 + i)] for i in range(8)]

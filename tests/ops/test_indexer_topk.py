@@ -70,15 +70,15 @@ def test_dispatches_to_the_reference_on_cpu():
                        ops.indexer_topk.reference(q, weights, keys, visible, 8))
 
 
-def in_records(keys, g, extra=12, spare_rows=5):
-    """keys [N, d] as mxfp4 records at shuffled rows of a larger table, each record the first bytes of a wider
-    random row (a row-strided view, as vLLM hands its cache over) -> (records [S, R] view, slots [N])."""
+def in_records(keys, g, before=20, after=12, spare_rows=5):
+    """keys [N, d] as mxfp4 records at shuffled rows of a larger table, each record inside a wider random row (a
+    row-strided view, as vLLM hands its packed compressed cache over) -> (records [S, R] view, slots [N])."""
     records = ops.pack_cache_records.reference(keys, "mxfp4")
     n, width = records.shape
-    table = torch.randint(0, 256, (n + spare_rows, width + extra), generator=g, dtype=torch.uint8)
+    table = torch.randint(0, 256, (n + spare_rows, before + width + after), generator=g, dtype=torch.uint8)
     slots = torch.randperm(n + spare_rows, generator=g)[:n]
-    table[slots, :width] = records
-    return table[:, :width], slots
+    table[slots, before: before + width] = records
+    return table[:, before: before + width], slots
 
 
 @pytest.mark.parametrize("with_candidates", [False, True])

@@ -64,14 +64,16 @@ def test_records_pack_unpack_write_gather(fmt, dim, gen):
     slots = torch.tensor([[3, -1, 9], [0, 0, -1]])
     assert_bits_equal(quant.cache_gather(expected, slots, fmt, dim, torch.bfloat16),
                       ops.cache_gather.reference(expected, slots, fmt, dim, torch.bfloat16))
-    # an engine row wider than the record (vLLM's window row also holds the token id and position): the write
-    # and the gather address rows by stride and leave the bytes after each record alone
-    table = torch.randint(0, 256, (12, records.shape[1] + 16), generator=gen, dtype=torch.uint8)
+    # an engine row wider than the record, the record inside it (vLLM's window row also holds the token id and
+    # position; its packed compressed rows hold several sources' records): the write and the gather address rows
+    # by stride and leave the bytes around each record alone
+    table = torch.randint(0, 256, (12, 8 + records.shape[1] + 16), generator=gen, dtype=torch.uint8)
+    columns = slice(8, 8 + records.shape[1])
     expected_table = table.clone()
-    ops.cache_write.reference(expected_table[:, : records.shape[1]], torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
-    quant.cache_write(table[:, : records.shape[1]], torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
+    ops.cache_write.reference(expected_table[:, columns], torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
+    quant.cache_write(table[:, columns], torch.tensor([9, 0, -1, 3, 11, 4, 1]), x, fmt)
     assert_bits_equal(table, expected_table)
-    assert_bits_equal(quant.cache_gather(table[:, : records.shape[1]], slots, fmt, dim, torch.bfloat16),
+    assert_bits_equal(quant.cache_gather(table[:, columns], slots, fmt, dim, torch.bfloat16),
                       ops.cache_gather.reference(expected, slots, fmt, dim, torch.bfloat16))
 
 
@@ -149,8 +151,8 @@ def test_sparse_attention_from_cache_records(d, splits, dtype, gen):
     (zeros), a row with window keys only, splits that cross from the window segment into the compressed one.
     The records sit in engine rows wider than a record (row-strided views, as vLLM's caches hand them over)."""
     t, h, w, c = 4, 20, 9, 14
-    window_cache = in_wider_rows(ops.pack_cache_records(torch.randn(12, d, generator=gen), "fp8_window"), 16, gen)
-    compressed_cache = in_wider_rows(ops.pack_cache_records(torch.randn(30, d, generator=gen), "nvfp4"), 68, gen)
+    window_cache = in_wider_rows(ops.pack_cache_records(torch.randn(12, d, generator=gen), "fp8_window"), 0, 16, gen)
+    compressed_cache = in_wider_rows(ops.pack_cache_records(torch.randn(30, d, generator=gen), "nvfp4"), 36, 68, gen)
     window_slots = torch.randint(0, 12, (t, w), generator=gen)
     compressed_slots = torch.randint(0, 30, (t, c), generator=gen)
     window_slots = torch.where(torch.rand(t, w, generator=gen) < 0.2, -1, window_slots)
@@ -169,11 +171,13 @@ def test_sparse_attention_from_cache_records(d, splits, dtype, gen):
     assert_close(got, want, atol=atol, rtol=rtol, cos=1e-4)
 
 
-def in_wider_rows(records: torch.Tensor, extra: int, gen) -> torch.Tensor:
-    """records [S, R] as the first R bytes of random rows of R + extra bytes (a row-strided view)."""
-    table = torch.randint(0, 256, (records.shape[0], records.shape[1] + extra), generator=gen, dtype=torch.uint8)
-    table[:, : records.shape[1]] = records
-    return table[:, : records.shape[1]]
+def in_wider_rows(records: torch.Tensor, before: int, after: int, gen) -> torch.Tensor:
+    """records [S, R] as bytes before..before + R of random rows of before + R + after bytes (a row-strided view
+    that starts inside the row, as the records of a later KV source in vLLM's packed compressed rows do)."""
+    width = before + records.shape[1] + after
+    table = torch.randint(0, 256, (records.shape[0], width), generator=gen, dtype=torch.uint8)
+    table[:, before: before + records.shape[1]] = records
+    return table[:, before: before + records.shape[1]]
 
 
 def test_sparse_attention_records_without_compressed_keys(gen):
@@ -243,7 +247,7 @@ def records_of(keys: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
     slots = torch.randperm(keys.shape[0] + 9, generator=gen)[: keys.shape[0]]
     table = torch.randint(0, 256, (keys.shape[0] + 9, records.shape[1]), generator=gen, dtype=torch.uint8)
     table[slots] = records
-    return in_wider_rows(table, 20, gen), slots
+    return in_wider_rows(table, 12, 20, gen), slots
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

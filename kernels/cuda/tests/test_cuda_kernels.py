@@ -155,12 +155,14 @@ def test_cache_write_is_bit_exact(ext, fmt, dim, dtype):
     got = cuda_backend.cache_write(cache.cuda(), slots.cuda(), x.cuda(), fmt)
     torch.cuda.synchronize()
     assert torch.equal(got.cpu(), want)
-    # records in engine rows wider than a record (vLLM's window row also holds the token id and position)
-    table = torch.randint(0, 256, (16, cache.shape[1] + 16), generator=g, dtype=torch.uint8)
+    # records inside engine rows wider than a record (vLLM's window row also holds the token id and position;
+    # its packed compressed rows hold several sources' records, so a record may start mid-row)
+    table = torch.randint(0, 256, (16, 4 + cache.shape[1] + 16), generator=g, dtype=torch.uint8)
+    columns = slice(4, 4 + cache.shape[1])
     want_table = table.clone()
-    ops.cache_write.reference(want_table[:, : cache.shape[1]], slots, x, fmt)
+    ops.cache_write.reference(want_table[:, columns], slots, x, fmt)
     gpu_table = table.cuda()
-    cuda_backend.cache_write(gpu_table[:, : cache.shape[1]], slots.cuda(), x.cuda(), fmt)
+    cuda_backend.cache_write(gpu_table[:, columns], slots.cuda(), x.cuda(), fmt)
     torch.cuda.synchronize()
     assert torch.equal(gpu_table.cpu(), want_table)
 
