@@ -40,16 +40,19 @@ def record_bytes(fmt: str, dim: int) -> int:
 
 
 def _byte_values() -> tuple[torch.Tensor, torch.Tensor]:
-    """The value every stored byte decodes to: as one E4M3 code [256], and as a packed E2M1 pair [256, 2] (even
-    channel = low nibble, sign bit 3). Decoding a record is then one table lookup per byte."""
+    """The value every stored byte decodes to: as one E4M3 code (fp32 [256]), and as a packed E2M1 pair (even
+    channel = low nibble, sign bit 3) whose two fp32 values are held as the bits of one int64 ([256]). Decoding a
+    record is then one flat ``take`` per byte; a pair read as one int64 is about 5x faster on a CPU than indexing
+    a [256, 2] table, and viewing the result as fp32 restores the pairs."""
     byte = torch.arange(256)
     e4m3 = byte.to(torch.uint8).view(torch.float8_e4m3fn).float()
     codes = torch.stack((byte & 0x0F, byte >> 4), dim=-1)  # [256, 2]
     magnitude = e2m1_value(codes & 0x7)
-    return e4m3, torch.where((codes & 0x8).bool(), -magnitude, magnitude)
+    pairs = torch.where((codes & 0x8).bool(), -magnitude, magnitude).float().contiguous()
+    return e4m3, pairs.view(torch.int64).reshape(256)
 
 
-_E4M3_BYTE_VALUES, _E2M1_PAIR_VALUES = _byte_values()
+_E4M3_BYTE_VALUES, _E2M1_PAIR_BITS = _byte_values()
 
 
 def _fp4_codes(xb: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -93,7 +96,7 @@ def unpack_cache_records(records: torch.Tensor, fmt: str, dim: int, dtype: torch
     if fmt == "fp8_window":
         values = _E4M3_BYTE_VALUES.to(records.device).take(data.long())  # [T, D]
     else:
-        values = _E2M1_PAIR_VALUES.to(records.device)[data.long()].reshape(t, dim)  # [T, D/2, 2] -> [T, D]
+        values = _E2M1_PAIR_BITS.to(records.device).take(data.long()).view(torch.float32)  # [T, D/2] pairs -> [T, D]
     if fmt == "nvfp4":
         scale = scale_bytes.contiguous().view(torch.float8_e4m3fn).float()  # [T, nb]
     else:
