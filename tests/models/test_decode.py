@@ -91,3 +91,33 @@ def test_input_shapes(tiny256):
 def test_image_tokens_are_rejected_with_a_clear_error(tiny256):
     with pytest.raises(ImageInputError, match="vision tower"):
         tiny256(torch.tensor([3, 4, 255, 5]))
+
+
+def test_a_batch_of_sequences_decodes_like_each_sequence_alone(tiny256):
+    """Sequences at different lengths share every step's projections and one attention call (their in-memory
+    caches are separate tables, so the batch attends over the rows they use): a fresh prefill, a chunk, and
+    single-token decodes over 12 steps that cross the window and every compression boundary."""
+    from deepinfer_plugins.models.deepseek_v41.kv_cache import SequenceChunk
+
+    ids = [prompt(60, 20 + i) for i in range(3)]
+    prefix = [0, 9, 30]  # tokens each sequence has seen before the batch starts
+    alone, batched = [tiny256.new_cache() for _ in ids], [tiny256.new_cache() for _ in ids]
+    for seq, n in enumerate(prefix):
+        if n:
+            tiny256(ids[seq][:n], alone[seq])
+            tiny256(ids[seq][:n], batched[seq])
+    spans = [[(0, 13)] + [(13 + s, 14 + s) for s in range(11)],
+             [(9, 16)] + [(16 + s, 17 + s) for s in range(11)],
+             [(30, 31)] + [(31 + s, 32 + s) for s in range(11)]]
+    for step in range(12):
+        tokens, chunks, row = [], [], 0
+        for seq, cache in enumerate(batched):
+            a, b = spans[seq][step]
+            tokens.append(ids[seq][a:b])
+            chunks.append(SequenceChunk(row, b - a, cache.num_tokens, cache))
+            row += b - a
+        logits = tiny256.forward_chunks(torch.cat(tokens), chunks)
+        for cache, chunk_tokens in zip(batched, tokens):
+            cache.advance(chunk_tokens)
+        want = torch.cat([tiny256(chunk_tokens, cache) for chunk_tokens, cache in zip(tokens, alone)])
+        assert_same_logits(logits, want)

@@ -21,6 +21,28 @@ from .linear import Linear
 from .norm import RMSNorm
 
 
+def one_table(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence (uint8 record table [S, R], slots [q, k] into it, -1 = none) -> one table and the slots of
+    every query row [sum q, max k] (right-padded with -1), so that one attention call serves the whole batch.
+
+    Engines keep every sequence in one paged table, which is then passed as is. Sequences that own their tables
+    (the in-memory cache) get the rows their slots use copied into a new table, each distinct row once."""
+    width = max(slots.shape[1] for _, slots in parts)
+    padded = [torch.nn.functional.pad(slots, (0, width - slots.shape[1]), value=-1) for _, slots in parts]
+    table = parts[0][0]
+    if all(t.data_ptr() == table.data_ptr() and t.shape == table.shape and t.stride() == table.stride()
+           for t, _ in parts):
+        return table, torch.cat(padded)
+    rows, remapped, offset = [], [], 0
+    for (table, _), slots in zip(parts, padded):
+        valid = slots >= 0
+        used, local = torch.unique(slots[valid], return_inverse=True)
+        rows.append(table[used])
+        remapped.append(torch.full_like(slots, -1).masked_scatter(valid, local + offset))
+        offset += used.numel()
+    return torch.cat(rows), torch.cat(remapped)
+
+
 def rope_inv_freq(args: ModelArgs, ratio: int) -> torch.Tensor:
     """RoPE frequencies: base theta for SWA-only layers; compress theta with YaRN for ratio > 0 (spec §5.5)."""
     rd = args.qk_rope_head_dim
@@ -132,37 +154,47 @@ class Attention(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
-        """x [rows, d] (normed attention input of every key row) -> [query rows, d]."""
-        outputs = []
-        for chunk in chunks:
-            rows = x[chunk.row_start: chunk.row_start + chunk.num_rows]
-            key_pos = chunk.start_pos + torch.arange(chunk.num_rows, device=x.device)
-            query_pos = key_pos[chunk.num_rows - chunk.num_query_rows:]
+        """x [rows, d] (normed attention input of every key row) -> [query rows, d].
+
+        Projections, RoPE and the attention itself run once over the rows of every chunk; only the cache
+        bookkeeping (window writes, compressor, indexer) is per sequence, because each sequence has its own state."""
+        key_pos = [chunk.start_pos + torch.arange(chunk.num_rows, device=x.device) for chunk in chunks]
+        query_pos = [pos[chunk.num_rows - chunk.num_query_rows:] for pos, chunk in zip(key_pos, chunks)]
+        key_rows = [x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks]
+        query_rows = [rows[chunk.num_rows - chunk.num_query_rows:] for rows, chunk in zip(key_rows, chunks)]
+        all_query_pos = torch.cat(query_pos)
+        q, q_latent = self.queries(torch.cat(query_rows), all_query_pos)
+        latents = self.window_latents(torch.cat(key_rows), torch.cat(key_pos)).split(
+            [chunk.num_rows for chunk in chunks])
+        q_latents = q_latent.split([chunk.num_query_rows for chunk in chunks])
+        window, compressed = [], []
+        for chunk, rows, pos, q_pos, chunk_latents, chunk_q_latent in zip(chunks, key_rows, key_pos, query_pos,
+                                                                            latents, q_latents):
             if self.is_kv_source:
                 self.publish_compressed(rows, chunk)
-            q, q_latent = self.queries(rows[chunk.num_rows - chunk.num_query_rows:], query_pos)
-            window_cache, window_slots = self.window_keys(rows, key_pos, query_pos, chunk)
+            window.append(self.window_keys(chunk_latents, pos, q_pos, chunk))
             if self.ratio:
-                selected = self.select_compressed(rows, q_latent, query_pos, chunk)
+                selected = self.select_compressed(rows, chunk_q_latent, q_pos, chunk)
                 entries = chunk.state.compressed(self.args.kv_source_of[self.layer_id]).latents
-                compressed_cache, compressed_slots = entries.records, entries.slots(selected)
-            else:
-                compressed_cache = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
-                                               device=x.device)
-                compressed_slots = window_slots[:, :0]
-            o = ops.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
-                                             self.attn_sink, self.softmax_scale)
-            outputs.append(self.rotate(o, query_pos, inverse=True))
-        return self.project_out(torch.cat(outputs))
+                compressed.append((entries.records, entries.slots(selected)))
+        window_cache, window_slots = one_table(window)
+        if self.ratio:
+            compressed_cache, compressed_slots = one_table(compressed)
+        else:
+            compressed_cache = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
+                                           device=x.device)
+            compressed_slots = window_slots[:, :0]
+        o = ops.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
+                                         self.attn_sink, self.softmax_scale)
+        return self.project_out(self.rotate(o, all_query_pos, inverse=True))
 
-    def window_keys(self, rows, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
+    def window_keys(self, latents, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this chunk's window latents; -> (window records, each query's window slots in them [q, W])."""
         first_key = int(key_pos[0])
         first = min(first_key, max(0, int(query_pos[0]) - self.window + 1))  # the oldest position any query sees
-        records, slots = chunk.state.window_records(self.layer_id, self.window_latents(rows, key_pos), first_key,
-                                                    first)
+        records, slots = chunk.state.window_records(self.layer_id, latents, first_key, first)
         span = min(self.window, int(query_pos[-1]) - first + 1)  # the most keys any query of this chunk has
-        wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=rows.device)[None, :]
+        wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=latents.device)[None, :]
         return records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)
 
     def select_compressed(self, rows, q_latent, query_pos, chunk: SequenceChunk) -> torch.Tensor:
