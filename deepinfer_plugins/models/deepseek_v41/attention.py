@@ -166,15 +166,19 @@ class Attention(nn.Module):
         q, q_latent = self.queries(torch.cat(query_rows), all_query_pos)
         latents = self.window_latents(torch.cat(key_rows), torch.cat(key_pos)).split(
             [chunk.num_rows for chunk in chunks])
-        q_latents = q_latent.split([chunk.num_query_rows for chunk in chunks])
+        query_counts = [chunk.num_query_rows for chunk in chunks]
+        index_queries = [None] * len(chunks)
+        if self.is_index_source:
+            q_index, weights = self.indexer.queries(torch.cat(query_rows), q_latent, all_query_pos, self.rotate)
+            index_queries = list(zip(q_index.split(query_counts), weights.split(query_counts)))
         window, compressed = [], []
-        for chunk, rows, pos, q_pos, chunk_latents, chunk_q_latent in zip(chunks, key_rows, key_pos, query_pos,
-                                                                            latents, q_latents):
+        for chunk, rows, pos, q_pos, chunk_latents, chunk_index_queries in zip(chunks, key_rows, key_pos, query_pos,
+                                                                                latents, index_queries):
             if self.is_kv_source:
                 self.publish_compressed(rows, chunk)
             window.append(self.window_keys(chunk_latents, pos, q_pos, chunk))
             if self.ratio:
-                selected = self.select_compressed(rows, chunk_q_latent, q_pos, chunk)
+                selected = self.select_compressed(chunk_index_queries, q_pos, chunk)
                 entries = chunk.state.compressed(self.args.kv_source_of[self.layer_id]).latents
                 compressed.append((entries.records, entries.slots(selected)))
         window_cache, window_slots = one_table(window)
@@ -197,12 +201,12 @@ class Attention(nn.Module):
         wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=latents.device)[None, :]
         return records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)
 
-    def select_compressed(self, rows, q_latent, query_pos, chunk: SequenceChunk) -> torch.Tensor:
-        """Compressed entry ids [q, index_topk] for each query: indexed here or reused from the last index source."""
+    def select_compressed(self, index_queries, query_pos, chunk: SequenceChunk) -> torch.Tensor:
+        """Compressed entry ids [q, index_topk] for each query: indexed here (``index_queries``: this chunk's
+        ``Indexer.queries``) or reused from the last index source."""
         if self.is_index_source:
             source = chunk.state.compressed(self.args.kv_source_of[self.layer_id])
-            x_q = rows[chunk.num_rows - chunk.num_query_rows:]
-            chunk.published["topk"] = self.indexer(x_q, q_latent, query_pos, source, chunk.published, self.rotate)
+            chunk.published["topk"] = self.indexer(*index_queries, query_pos, source, chunk.published)
         return chunk.published["topk"][-chunk.num_query_rows:]
 
     def project_out(self, o: torch.Tensor) -> torch.Tensor:

@@ -38,11 +38,16 @@ class Indexer(nn.Module):
         them as MXFP4 records, spec §8.3)."""
         return rotate(self.k_norm(self.wk(latents)), positions)
 
-    def forward(self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor, source: CompressedKV,
-                published: dict, rotate: Callable) -> torch.Tensor:
-        """x [q, d], q_latent [q, q_lora_rank] -> selected entry ids [q, index_topk] ascending, -1 padded."""
+    def queries(self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor,
+                rotate: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [q, d], q_latent [q, q_lora_rank] of any number of sequences -> (MXFP4 queries [q, heads, head_dim],
+        head weights [q, heads] fp32); per row, so a batch computes them once."""
         q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
-        head_weights = self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
+        return q, self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
+
+    def forward(self, q: torch.Tensor, head_weights: torch.Tensor, positions: torch.Tensor, source: CompressedKV,
+                published: dict) -> torch.Tensor:
+        """One sequence's ``queries`` [q, ...] -> selected entry ids [q, index_topk] ascending, -1 padded."""
         index_keys = source.index_keys  # scored as stored: the kernels decode each 68 B mxfp4 record in registers
         records = index_keys.records  # [S, 68] uint8, possibly row-strided
         slots = index_keys.slots(torch.arange(index_keys.length, device=records.device))  # [N]: row of entry n
