@@ -57,23 +57,33 @@ def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_we
     return rms_norm.reference((weights * grouped_v).sum(dim=1).to(dtype), norm_weight, eps)
 
 
+def key_references(window_cache: torch.Tensor, window_slots: torch.Tensor,
+                   compressed_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The keys a batch of rows reads from the two record caches, as one id space (window slots, then compressed
+    slots offset by the window table's rows) -> (distinct key ids ascending, each reference's index into them
+    [T, W + C] with -1 where the slot is -1, the number of valid references)."""
+    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
+    valid = slots >= 0
+    distinct, rows = torch.unique(slots[valid], return_inverse=True)
+    indices = torch.full_like(slots, -1)
+    indices[valid] = rows
+    return distinct, indices, rows.numel()
+
+
 def records_pool(window_cache: torch.Tensor, window_slots: torch.Tensor, compressed_cache: torch.Tensor,
                  compressed_slots: torch.Tensor, dim: int, dtype: torch.dtype,
-                 gather: Callable = cache_gather.reference) -> tuple[torch.Tensor, torch.Tensor]:
+                 gather: Callable = cache_gather.reference, references=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys a batch of rows reads from the two record caches, decoded once each into a float pool.
 
     -> (pool [distinct keys, dim] in ``dtype``, indices [T, W + C] into it, -1 where the slot is -1), so that
     ``sparse_attention(q, pool, indices)`` is ``sparse_attention_records``. ``gather`` is ``cache_gather`` (the
-    reference here; a backend passes the registry op to decode on its device)."""
-    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
-    valid = slots >= 0
-    used, rows = torch.unique(slots[valid], return_inverse=True)
-    in_window = used < window_cache.shape[0]
-    pool = torch.empty(used.numel(), dim, dtype=dtype, device=slots.device)
-    pool[in_window] = gather(window_cache, used[in_window], "fp8_window", dim, dtype)
-    pool[~in_window] = gather(compressed_cache, used[~in_window] - window_cache.shape[0], "nvfp4", dim, dtype)
-    indices = torch.full_like(slots, -1)
-    indices[valid] = rows
+    reference here; a backend passes the registry op to decode on its device); ``references`` is
+    ``key_references`` of the same inputs when the caller has it already."""
+    distinct, indices, _ = references or key_references(window_cache, window_slots, compressed_slots)
+    in_window = distinct < window_cache.shape[0]
+    pool = torch.empty(distinct.numel(), dim, dtype=dtype, device=indices.device)
+    pool[in_window] = gather(window_cache, distinct[in_window], "fp8_window", dim, dtype)
+    pool[~in_window] = gather(compressed_cache, distinct[~in_window] - window_cache.shape[0], "nvfp4", dim, dtype)
     return pool, indices
 
 

@@ -18,7 +18,8 @@ registry's next choice, is faster there on the H200), else picks mma where its s
 Shapes or devices a variant does not take (non-bf16 q, head dim > 512, a forced variant's rule or arch failing)
 are declined too and go to the Triton kernel. ``sparse_attention_records`` (the model's attention over its cache
 records) decodes the distinct keys of a batch once into a bf16 pool and runs the same kernels, under the same
-rules. Other ops use Triton on CUDA tensors.
+rules, when the batch's rows share their keys (see ``sparse_attention_records``). Other ops use Triton on CUDA
+tensors.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..cache import CACHE_FORMATS, cache_gather, record_bytes
-from ..fused import records_pool
+from ..fused import key_references, records_pool
 from ..registry import hookimpl
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ ATTENTION_ENV = "DEEPINFER_CUDA_ATTENTION"
 # H200, H=64, D=512, K=640 (benchmarks/results/kernels_h200.md): Triton's split launch beats mma below this many
 # query rows (T=1: 9.3 against 18.8 us, T=8: 16.3 against 19.7 us); from T=64 on mma leads (47 against 61 us).
 MMA_FROM_ROWS = 32
+# Pooling decodes each distinct key once (writes and re-reads it as bf16) instead of decoding every reference in
+# registers: it pays only when keys are read by several rows. A guess until a device run times both.
+MIN_READS_PER_KEY = 4
 _ext = None
 
 
@@ -122,16 +126,23 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
 
 
 def sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots, sink, softmax_scale):
-    """Keys read from the cache records: from ``MMA_FROM_ROWS`` rows on (prefill, DSpark verify) the rows share
-    most keys, so each distinct key is decoded once into a bf16 pool (the registry's ``cache_gather``) for the
-    tensor-core kernel, which on the H200 beat Triton's pool kernel from 64 rows; whether that also beats Triton's
-    records kernel (every row's keys decoded in registers) is not measured yet: benchmarks/kernels.py times both.
-    Fewer rows go to Triton's records kernel. A forced ``DEEPINFER_CUDA_ATTENTION`` variant applies here too."""
+    """Keys read from the cache records. When the rows share their keys (prefill or DSpark verify of a sequence:
+    at least ``MMA_FROM_ROWS`` rows, each distinct key read by ``MIN_READS_PER_KEY`` rows on average), each
+    distinct key is decoded once into a bf16 pool (the registry's ``cache_gather``) for the tensor-core kernel,
+    which on the H200 beat Triton's pool kernel from 64 rows; whether that also beats Triton's records kernel
+    (every row's keys decoded in registers) is not measured yet: benchmarks/kernels.py times both. Rows of
+    different sequences (a batch of decodes) read disjoint keys, so a pool would only add a decode pass: they go to
+    Triton's records kernel, as do small batches. Counting the distinct keys costs one device sync. A forced
+    ``DEEPINFER_CUDA_ATTENTION`` variant applies here too, and pools whatever the sharing."""
     forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
     if (not forced and q.shape[0] < MMA_FROM_ROWS) or not _simt_fits(q):
         return NotImplemented
+    references = key_references(window_cache, window_slots, compressed_slots)
+    distinct, _, reads = references
+    if not forced and reads < MIN_READS_PER_KEY * distinct.numel():
+        return NotImplemented
     pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype,
-                                 gather=cache_gather)
+                                 gather=cache_gather, references=references)
     return sparse_attention(q, pool, indices, sink, softmax_scale)
 
 

@@ -245,6 +245,23 @@ def test_records_attention_decodes_each_key_once_then_runs_the_tensor_core_kerne
     assert cuda_backend.sparse_attention_records(*records_inputs(4, 8, 64, torch.Generator()), 0.125) is NotImplemented
 
 
+def test_records_attention_leaves_rows_with_their_own_keys_to_triton(monkeypatch):
+    """A batch of decodes: every row reads keys no other row reads, so a pool would only add a decode pass."""
+    monkeypatch.setattr(cuda_backend, "_ext", ReferenceExtension())
+    monkeypatch.delenv(cuda_backend.ATTENTION_ENV, raising=False)
+    t, g = cuda_backend.MMA_FROM_ROWS + 8, torch.Generator().manual_seed(4)
+    window_cache = ops.pack_cache_records(torch.randn(t * 16, 64, generator=g), "fp8_window")
+    compressed_cache = ops.pack_cache_records(torch.randn(t * 8, 64, generator=g), "nvfp4")
+    window_slots = torch.arange(t * 16).view(t, 16)
+    compressed_slots = torch.arange(t * 8).view(t, 8)
+    q = torch.randn(t, 8, 64, generator=g).to(torch.bfloat16)
+    args = (q, window_cache, window_slots, compressed_cache, compressed_slots, torch.randn(8, generator=g), 0.125)
+    assert cuda_backend.sparse_attention_records(*args) is NotImplemented and cuda_backend._ext.calls == []
+    monkeypatch.setenv(cuda_backend.ATTENTION_ENV, "mma")  # a forced variant pools whatever the sharing
+    assert torch.equal(cuda_backend.sparse_attention_records(*args), ops.sparse_attention_records.reference(*args))
+    assert cuda_backend._ext.calls == ["mma"]
+
+
 @needs_cuda
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_records_attention_on_the_device(ext, monkeypatch, variant):
