@@ -113,23 +113,28 @@ def sparse_attention_case(rows: int, device: str, g, rotations: int) -> Case:
     return Case(f"sparse_attention[T={rows}]", args_list, nbytes, rows * 2 * 2 * heads * keys * dim, True)
 
 
-def sparse_attention_records_case(rows: int, device: str, g, rotations: int) -> Case:
+def sparse_attention_records_case(rows: int, device: str, g, rotations: int, shared: bool = False) -> Case:
     """The same attention reading the caches as stored: 128 fp8_window records (528 B) and 512 nvfp4 records
-    (288 B) per row, every row's records distinct."""
+    (288 B) per row. Every row's records are distinct (a batch of decodes), or with ``shared`` the rows are one
+    sequence's (prefill / DSpark verify): row t sees window positions t..t + 127 and 512 of 1024 entries, so
+    keys are shared and the CUDA backend pools them. Bytes count each row's reads either way."""
     heads, dim, window, selected = 64, 512, 128, 512
+    window_rows, entries = (rows + window - 1, 2 * selected) if shared else (rows * window, rows * selected)
     args_list = []
     for _ in range(rotations):
-        window_cache = ops.pack_cache_records(torch.randn(rows * window, dim, generator=g), "fp8_window").to(device)
-        compressed_cache = ops.pack_cache_records(torch.randn(rows * selected, dim, generator=g), "nvfp4").to(device)
-        window_slots = (torch.arange(rows)[:, None] * window + torch.arange(window)[None, :]).to(device)
-        compressed_slots = (torch.arange(rows)[:, None] * selected + torch.stack(
-            [torch.randperm(selected, generator=g) for _ in range(rows)])).to(device)
+        window_cache = ops.pack_cache_records(torch.randn(window_rows, dim, generator=g), "fp8_window").to(device)
+        compressed_cache = ops.pack_cache_records(torch.randn(entries, dim, generator=g), "nvfp4").to(device)
+        first_key = torch.arange(rows)[:, None] * (1 if shared else window)
+        window_slots = (first_key + torch.arange(window)[None, :]).to(device)
+        picks = [torch.randperm(entries if shared else selected, generator=g)[:selected] for _ in range(rows)]
+        compressed_slots = torch.stack(picks) + (0 if shared else torch.arange(rows)[:, None] * selected)
+        compressed_slots = compressed_slots.sort(dim=1).values.to(device)
         q = torch.randn(rows, heads, dim, generator=g).to(device, torch.bfloat16)
         sink = torch.randn(heads, generator=g).to(device)
         args_list.append((q, window_cache, window_slots, compressed_cache, compressed_slots, sink, dim ** -0.5))
     nbytes = rows * (window * 528 + selected * 288 + 2 * heads * dim * 2 + (window + selected) * 8)
     flops = rows * 2 * 2 * heads * (window + selected) * dim
-    return Case(f"sparse_attention_records[T={rows}]", args_list, nbytes, flops, True)
+    return Case(f"sparse_attention_records[T={rows}{', shared' if shared else ''}]", args_list, nbytes, flops, True)
 
 
 def cases(device: str, quick: bool) -> list[Case]:
@@ -186,6 +191,8 @@ def cases(device: str, quick: bool) -> list[Case]:
     for rows in ((8,) if quick or device == "cpu" else SPARSE_ROWS):
         out.append(sparse_attention_case(rows, device, g, rotations))
         out.append(sparse_attention_records_case(rows, device, g, rotations))
+        if rows >= 32:
+            out.append(sparse_attention_records_case(rows, device, g, rotations, shared=True))
     return out
 
 
