@@ -34,7 +34,7 @@ from torch import nn
 from .. import ops
 from ..ops.cache import record_bytes
 from ..models.deepseek_v41.args import ModelArgs
-from ..models.deepseek_v41.attention import Attention
+from ..models.deepseek_v41.attention import Attention, one_table
 from ..models.deepseek_v41.kv_cache import COMPRESSED_FORMAT, WINDOW_FORMAT, RollbackError, SequenceChunk, WindowRing
 from ..models.deepseek_v41.linear import Linear
 from ..models.deepseek_v41.model import Block
@@ -80,23 +80,22 @@ class DraftAttention(Attention):
 
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
         """x [rows, d] normed inputs of the slots of every chunk (chunk.state a DraftState, chunk.start_pos the
-        anchor position) -> [rows, d]."""
+        anchor position) -> [rows, d]. Projections and the attention run once for every chunk, as in the target."""
         stage = self.layer_id - self.args.num_hidden_layers
-        outputs = []
-        for chunk in chunks:
-            slots = x[chunk.row_start: chunk.row_start + chunk.num_rows]
-            positions = chunk.start_pos + torch.arange(chunk.num_rows, device=x.device)
+        positions = torch.cat([chunk.start_pos + torch.arange(chunk.num_rows, device=x.device) for chunk in chunks])
+        slots = torch.cat([x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks])
+        q, _ = self.queries(slots, positions)
+        blocks = ops.pack_cache_records(self.window_latents(slots, positions), WINDOW_FORMAT)  # the B slots' keys
+        parts = []
+        for chunk, block in zip(chunks, blocks.split([chunk.num_rows for chunk in chunks])):
             context = chunk.state.context_records(stage, chunk.start_pos)  # [<= window, record bytes]
-            q, _ = self.queries(slots, positions)
-            block = ops.pack_cache_records(self.window_latents(slots, positions), WINDOW_FORMAT)  # the B slots' keys
             keys = torch.cat((context.to(x.device), block))
-            indices = torch.arange(keys.shape[0], device=x.device).expand(chunk.num_rows, -1)  # every slot sees all
-            no_entries = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
-                                     device=x.device)
-            o = ops.sparse_attention_records(q, keys, indices, no_entries, indices[:, :0], self.attn_sink,
-                                             self.softmax_scale)
-            outputs.append(self.rotate(o, positions, inverse=True))
-        return self.project_out(torch.cat(outputs))
+            parts.append((keys, torch.arange(keys.shape[0], device=x.device).expand(chunk.num_rows, -1)))  # all
+        keys, indices = one_table(parts)
+        no_entries = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8, device=x.device)
+        o = ops.sparse_attention_records(q, keys, indices, no_entries, indices[:, :0], self.attn_sink,
+                                         self.softmax_scale)
+        return self.project_out(self.rotate(o, positions, inverse=True))
 
 
 class MarkovHead(nn.Module):

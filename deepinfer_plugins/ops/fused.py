@@ -57,17 +57,23 @@ def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_we
     return rms_norm.reference((weights * grouped_v).sum(dim=1).to(dtype), norm_weight, eps)
 
 
-def key_references(window_cache: torch.Tensor, window_slots: torch.Tensor,
-                   compressed_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The keys a batch of rows reads from the two record caches, as one id space (window slots, then compressed
-    slots offset by the window table's rows) -> (distinct key ids ascending, each reference's index into them
-    [T, W + C] with -1 where the slot is -1, the number of valid references)."""
-    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
+def distinct_slots(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """slots [...] (-1 = none) -> (the distinct slots ascending, each slot's index into them with -1 kept)."""
     valid = slots >= 0
     distinct, rows = torch.unique(slots[valid], return_inverse=True)
     indices = torch.full_like(slots, -1)
     indices[valid] = rows
-    return distinct, indices, rows.numel()
+    return distinct, indices
+
+
+def key_references(window_cache: torch.Tensor, window_slots: torch.Tensor,
+                   compressed_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The keys a batch of rows reads from the two record caches, as one id space (window slots, then compressed
+    slots offset by the window table's rows) -> (distinct key ids ascending, each reference's index into them
+    [T, W + C] with -1 where the slot is -1, the number of valid references)."""
+    slots = torch.cat((window_slots, compressed_slots + window_cache.shape[0] * (compressed_slots >= 0)), dim=1)
+    distinct, indices = distinct_slots(slots)
+    return distinct, indices, int((indices >= 0).sum())
 
 
 def records_pool(window_cache: torch.Tensor, window_slots: torch.Tensor, compressed_cache: torch.Tensor,

@@ -14,6 +14,7 @@ from torch import nn
 
 from ... import ops
 from ...ops.cache import record_bytes
+from ...ops.fused import distinct_slots
 from .args import ModelArgs
 from .indexer import Indexer
 from .kv_cache import COMPRESSED_FORMAT, SequenceChunk
@@ -35,10 +36,9 @@ def one_table(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
         return table, torch.cat(padded)
     rows, remapped, offset = [], [], 0
     for (table, _), slots in zip(parts, padded):
-        valid = slots >= 0
-        used, local = torch.unique(slots[valid], return_inverse=True)
+        used, local = distinct_slots(slots)
         rows.append(table[used])
-        remapped.append(torch.full_like(slots, -1).masked_scatter(valid, local + offset))
+        remapped.append(torch.where(local >= 0, local + offset, -1))
         offset += used.numel()
     return torch.cat(rows), torch.cat(remapped)
 
@@ -161,15 +161,15 @@ class Attention(nn.Module):
         key_pos = [chunk.start_pos + torch.arange(chunk.num_rows, device=x.device) for chunk in chunks]
         query_pos = [pos[chunk.num_rows - chunk.num_query_rows:] for pos, chunk in zip(key_pos, chunks)]
         key_rows = [x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks]
-        query_rows = [rows[chunk.num_rows - chunk.num_query_rows:] for rows, chunk in zip(key_rows, chunks)]
+        x_query = torch.cat([rows[chunk.num_rows - chunk.num_query_rows:] for rows, chunk in zip(key_rows, chunks)])
         all_query_pos = torch.cat(query_pos)
-        q, q_latent = self.queries(torch.cat(query_rows), all_query_pos)
+        q, q_latent = self.queries(x_query, all_query_pos)
         latents = self.window_latents(torch.cat(key_rows), torch.cat(key_pos)).split(
             [chunk.num_rows for chunk in chunks])
         query_counts = [chunk.num_query_rows for chunk in chunks]
         index_queries = [None] * len(chunks)
         if self.is_index_source:
-            q_index, weights = self.indexer.queries(torch.cat(query_rows), q_latent, all_query_pos, self.rotate)
+            q_index, weights = self.indexer.queries(x_query, q_latent, all_query_pos, self.rotate)
             index_queries = list(zip(q_index.split(query_counts), weights.split(query_counts)))
         window, compressed = [], []
         for chunk, rows, pos, q_pos, chunk_latents, chunk_index_queries in zip(chunks, key_rows, key_pos, query_pos,
