@@ -157,11 +157,9 @@ class SlotSequenceState:
             self._compressed[source_layer] = state
         return self._compressed[source_layer]
 
-    def ngram_history(self) -> list[int]:
+    def ngram_history(self) -> torch.Tensor:
         keep = self.store.args.engram_max_ngram_size - 1
-        if keep <= 0:
-            return []
-        return self.store.tokens[self.slots[max(0, self.num_tokens - keep): self.num_tokens]].tolist()
+        return self.store.tokens[self.slots[max(0, self.num_tokens - keep): self.num_tokens]]
 
     def advance(self, token_ids: torch.Tensor) -> None:
         self.store.tokens[self.slots[self.num_tokens: self.num_tokens + token_ids.numel()]] = token_ids.long()

@@ -80,10 +80,47 @@ def inputs_layout(args: ModelArgs, block_size: int) -> tuple[int, int]:
 
 @dataclass
 class PagedMetadata:
-    block_table: torch.Tensor  # [requests, blocks]
+    block_table: torch.Tensor  # [requests, blocks] on the caches' device: slots are computed there
     query_start_loc: list[int]
     seq_lens: list[int]
     num_actual_tokens: int
+
+
+class StoredPositions:
+    """The positions a step's paged reads should find, compared once when the step ends.
+
+    Every cache row keeps the position it was written for, and every read checks it: a wrong block table or a
+    block freed too early would otherwise be a silently wrong answer. Comparing on the host after each read would
+    make a GPU wait once per request and layer, so the reads of a step are gathered here (on the device) and
+    ``verify`` compares them all with one copy to the host, before the step's output is used."""
+
+    def __init__(self):
+        self.found: list[torch.Tensor] = []
+        self.expected: list[tuple[int, int, str]] = []
+
+    def expect(self, found: torch.Tensor, first: int, what: str) -> None:
+        """``found`` [n] (stored positions, any integer dtype) should be first, first + 1, ..., first + n - 1."""
+        if found.numel():
+            self.found.append(found.reshape(-1).long())
+            self.expected.append((first, found.numel(), what))
+
+    def verify(self) -> None:
+        """Raise RuntimeError naming the first read that found other positions; then start a new step."""
+        if not self.found:
+            return
+        found = torch.cat(self.found)
+        expected = torch.cat([torch.arange(first, first + n) for first, n, _ in self.expected]).to(found.device)
+        wrong = found != expected
+        any_wrong, first_wrong = torch.stack((wrong.any().long(), wrong.long().argmax())).tolist()
+        reads, self.found, self.expected = self.expected, [], []
+        if not any_wrong:
+            return
+        start = 0
+        for (first, n, what), stored in zip(reads, found.split([n for _, n, _ in reads])):
+            if start <= first_wrong < start + n:
+                raise RuntimeError(f"{what} does not hold positions {first}..{first + n - 1} "
+                                   f"(found {stored.tolist()})")
+            start += n
 
 
 class DeepInferMetadataBuilder(AttentionMetadataBuilder):
@@ -93,7 +130,7 @@ class DeepInferMetadataBuilder(AttentionMetadataBuilder):
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> PagedMetadata:
         cm = common_attn_metadata
         return PagedMetadata(
-            block_table=cm.block_table_tensor.cpu(),
+            block_table=cm.block_table_tensor,
             query_start_loc=cm.query_start_loc_cpu.tolist(),
             seq_lens=cm.seq_lens.cpu().tolist(),
             num_actual_tokens=cm.num_actual_tokens,
@@ -207,9 +244,10 @@ class PagedCompressedKV:
     """``CompressedKV`` over the paged compressed and compressor-input caches, for one request and one chunk."""
 
     def __init__(self, args: ModelArgs, source: int, owner: CompressedOwner, block_row: torch.Tensor,
-                 inputs: CacheOwner | None, inputs_row: torch.Tensor | None, start_pos: int, end_pos: int):
-        self.ratio, self.head_dim = args.layer_ratios[source], args.head_dim
-        self.start_pos, self.end_pos = start_pos, end_pos
+                 inputs: CacheOwner | None, inputs_row: torch.Tensor | None, start_pos: int, end_pos: int,
+                 audit: StoredPositions):
+        self.source, self.ratio, self.head_dim = source, args.layer_ratios[source], args.head_dim
+        self.start_pos, self.end_pos, self.audit = start_pos, end_pos, audit
         first_entries, self.open_tokens = divmod(start_pos, self.ratio)
 
         def slot_of(entries: torch.Tensor) -> torch.Tensor:
@@ -219,6 +257,7 @@ class PagedCompressedKV:
                                      first_entries)
         self.index_keys = MappedRecords(owner.key_columns(source), INDEX_KEY_FORMAT, args.index_head_dim, slot_of,
                                         first_entries)
+        self._open_inputs: torch.Tensor | None = None
         if inputs is not None:
             self.inputs, self.inputs_row = inputs, inputs_row
             columns = inputs.rows()[:, : 2 * args.head_dim * 4 + INT32]
@@ -229,24 +268,26 @@ class PagedCompressedKV:
     def num_entries(self) -> int:
         return self.latents.length
 
+    def _input_slots(self, first: int, end: int) -> torch.Tensor:
+        return self.inputs.slots(self.inputs_row, torch.arange(first, end, device=self.inputs_row.device))
+
     def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
         """Store every token's compressor inputs (wkv, wgate) and position at its slot."""
-        positions = torch.arange(self.start_pos, self.end_pos)
-        slots = self.inputs.slots(self.inputs_row, positions)
-        self.input_values[slots] = torch.cat((values, gates), dim=1).float().to(self.input_values.device)
-        self.input_positions[slots, 0] = positions.to(torch.int32)
+        slots = self._input_slots(self.start_pos, self.end_pos)
+        self.input_values[slots] = torch.cat((values, gates), dim=1).float()
+        self.input_positions[slots, 0] = torch.arange(self.start_pos, self.end_pos, dtype=torch.int32,
+                                                      device=slots.device)
 
     def _open_group(self) -> torch.Tensor:
-        """Inputs of the open group's tokens [open, 2 * head_dim], checked to be the positions they should be."""
+        """Inputs of the open group's tokens [open, 2 * head_dim], read once; the step checks their positions."""
         if self.open_tokens == 0:
             return torch.zeros(0, 2 * self.head_dim, device=self.latents.records.device)
-        positions = torch.arange(self.start_pos - self.open_tokens, self.start_pos)
-        slots = self.inputs.slots(self.inputs_row, positions)
-        stored = self.input_positions[slots, 0].long()
-        if not torch.equal(stored.cpu(), positions):
-            raise RuntimeError(f"compressor-input cache does not hold positions {positions.tolist()} "
-                               f"(found {stored.tolist()})")
-        return self.input_values[slots]
+        if self._open_inputs is None:
+            slots = self._input_slots(self.start_pos - self.open_tokens, self.start_pos)
+            self.audit.expect(self.input_positions[slots, 0], self.start_pos - self.open_tokens,
+                              f"layer {self.source}: compressor-input cache")
+            self._open_inputs = self.input_values[slots]
+        return self._open_inputs
 
     def _check_open(self, inputs: torch.Tensor) -> None:
         """The compressor hands back the open group's inputs; ``remember_inputs`` already stored them."""
@@ -274,11 +315,15 @@ class PagedSequenceState:
     """``SequenceState`` of one request in one vLLM step, reading and writing vLLM's paged caches.
 
     Every cache owner has its own block table: vLLM may put the window caches of different layers in different
-    cache groups that share physical tensors, so a layer's rows are only found through its own table."""
+    cache groups that share physical tensors, so a layer's rows are only found through its own table. Slots are
+    computed on the caches' device and stored positions are checked through ``audit`` once per step, so a step
+    never waits on the device per request or layer. ``token_ids``: this step's tokens of the request, on the
+    device."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
-                 windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict):
-        self.args, self.num_tokens, self.token_ids = args, start_pos, token_ids
+                 windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict,
+                 audit: StoredPositions):
+        self.args, self.num_tokens, self.token_ids, self.audit = args, start_pos, token_ids, audit
         self.windows = windows
         self.window_rows = [metadata[owner.layer_name].block_table[request] for owner in windows]
         self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
@@ -291,39 +336,38 @@ class PagedSequenceState:
                 self.sources[s] = PagedCompressedKV(
                     args, s, owner, block_row, source_inputs,
                     metadata[source_inputs.layer_name].block_table[request] if source_inputs else None,
-                    start_pos, end_pos)
+                    start_pos, end_pos, audit)
 
     def _window(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(fp8_window record columns, int32 [token id, position] columns) of a layer's window cache."""
         table = self.windows[layer].rows()
         return table[:, : self.record_bytes], table[:, self.meta_at: self.meta_at + 2 * INT32].view(torch.int32)
 
+    def _window_slots(self, layer: int, first: int, end: int) -> torch.Tensor:
+        row = self.window_rows[layer]
+        return self.windows[layer].slots(row, torch.arange(first, end, device=row.device))
+
     def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
                        first: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = latents.shape[0]
         records, meta = self._window(layer)
-        context = torch.arange(first, start_pos)
-        context_slots = self.windows[layer].slots(self.window_rows[layer], context)
-        stored = meta[context_slots, 1].long()
-        if not torch.equal(stored.cpu(), context):
-            raise RuntimeError(f"layer {layer}: paged window cache does not hold positions {first}..{start_pos - 1}")
-        positions = torch.arange(start_pos, start_pos + n)
-        slots = self.windows[layer].slots(self.window_rows[layer], positions)
-        ops.cache_write(records, slots.to(latents.device), latents, WINDOW_FORMAT)
-        meta[slots, 0] = self.token_ids[-n:].to(torch.int32)
-        meta[slots, 1] = positions.to(torch.int32)
-        return records, torch.cat((context_slots, slots)).to(latents.device)
+        slots = self._window_slots(layer, first, start_pos + n)
+        context, new = slots[: start_pos - first], slots[start_pos - first:]
+        self.audit.expect(meta[context, 1], first, f"layer {layer}: paged window cache")
+        ops.cache_write(records, new, latents, WINDOW_FORMAT)
+        positions = torch.arange(start_pos, start_pos + n, device=new.device)
+        meta[new] = torch.stack((self.token_ids[-n:], positions), dim=1).to(torch.int32)
+        return records, slots
 
     def compressed(self, source_layer: int) -> PagedCompressedKV:
         return self.sources[source_layer]
 
-    def ngram_history(self) -> list[int]:
-        keep = self.args.engram_max_ngram_size - 1
-        first = max(0, self.num_tokens - keep)
-        if first == self.num_tokens:
-            return []
+    def ngram_history(self) -> torch.Tensor:
+        first = max(0, self.num_tokens - (self.args.engram_max_ngram_size - 1))
+        slots = self._window_slots(0, first, self.num_tokens)
         _, meta = self._window(0)
-        return meta[self.windows[0].slots(self.window_rows[0], torch.arange(first, self.num_tokens)), 0].tolist()
+        self.audit.expect(meta[slots, 1], first, "layer 0: paged window cache (Engram history)")
+        return meta[slots, 0].long()
 
     def advance(self, token_ids: torch.Tensor) -> None:
         """Nothing to do: every piece of state was written into vLLM's pages during the forward."""
@@ -367,16 +411,13 @@ class PagedDraftContext:
     DSpark context cache of one request: keys of positions < anchor position, read from vLLM's memory, nothing
     kept."""
 
-    def __init__(self, args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, anchor_pos: int):
+    def __init__(self, args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, anchor_pos: int,
+                 audit: StoredPositions):
         self.num_tokens, self.window = anchor_pos, args.sliding_window
         first = max(0, anchor_pos - self.window)
-        positions = torch.arange(first, anchor_pos)
-        self.slots = owner.slots(block_row, positions)
+        self.slots = owner.slots(block_row, torch.arange(first, anchor_pos, device=block_row.device))
         self.stages, stored_positions = _draft_columns(args, owner)
-        stored = stored_positions[self.slots, 0].long()
-        if not torch.equal(stored.cpu(), positions):
-            raise RuntimeError(f"DSpark context cache does not hold positions {first}..{anchor_pos - 1} "
-                               f"(found {stored.tolist()})")
+        audit.expect(stored_positions[self.slots, 0], first, "DSpark context cache")
 
     def context_records(self, stage: int, end: int) -> torch.Tensor:
         if end != self.num_tokens:
@@ -388,9 +429,9 @@ def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_row: torch.Te
                          start_pos: int) -> None:
     """Store every stage's context keys [n, num_stages, head_dim] (unquantised: written as fp8_window records) of
     positions start_pos.. of one request, and the positions."""
-    positions = torch.arange(start_pos, start_pos + keys.shape[0])
+    positions = torch.arange(start_pos, start_pos + keys.shape[0], device=block_row.device)
     slots = owner.slots(block_row, positions)
     stages, stored_positions = _draft_columns(args, owner)
     for stage, columns in enumerate(stages):
-        ops.cache_write(columns, slots.to(keys.device), keys[:, stage], WINDOW_FORMAT)
+        ops.cache_write(columns, slots, keys[:, stage], WINDOW_FORMAT)
     stored_positions[slots, 0] = positions.to(torch.int32)

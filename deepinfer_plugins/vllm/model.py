@@ -32,7 +32,8 @@ from ..models.deepseek_v41.kv_cache import SequenceChunk
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
 from ..models.deepseek_v41.sharding import shard_blocks
-from .cache import PagedSequenceState, make_cache_owners, make_dspark_feature_owner, write_dspark_context
+from .cache import (PagedSequenceState, StoredPositions, make_cache_owners, make_dspark_feature_owner,
+                    write_dspark_context)
 
 logger = logging.getLogger("deepinfer")
 
@@ -49,6 +50,26 @@ def dspark_tokens(vllm_config) -> int:
     module, _, name = spec.model.rpartition(".")
     cls = getattr(importlib.import_module(module), name, None)
     return spec.num_speculative_tokens if isinstance(cls, type) and issubclass(cls, DeepInferDSparkProposer) else 0
+
+
+def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tensor, metadata: dict,
+                 windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict,
+                 audit: StoredPositions) -> tuple[list[SequenceChunk], list[tuple[int, int, int]]]:
+    """One ``SequenceChunk`` per request with rows in this step, its state over the paged caches.
+    -> (chunks, (request, start position, rows) of each). Start positions come from the metadata's host copies;
+    ``positions`` (on the device) is only checked against them, through ``audit``."""
+    first_meta = metadata[windows[0].layer_name]
+    chunks, rows = [], []
+    for request, (first, last) in enumerate(zip(first_meta.query_start_loc, first_meta.query_start_loc[1:])):
+        if last == first:
+            continue
+        start_pos = first_meta.seq_lens[request] - (last - first)
+        audit.expect(positions[first:last], start_pos, "vLLM's positions")
+        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], windows, compressed, inputs,
+                                   metadata, audit)
+        chunks.append(SequenceChunk(first, last - first, start_pos, state))
+        rows.append((request, start_pos, last - first))
+    return chunks, rows
 
 
 @dataclass
@@ -95,33 +116,28 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
             return hidden  # vLLM's profiling / warm-up run: no caches, nothing to compute
         first_meta = metadata[self.window_caches[0].layer_name]
         n = first_meta.num_actual_tokens
-        chunks, rows, starts = [], [], first_meta.query_start_loc
-        for request in range(len(starts) - 1):
-            first, last = starts[request], starts[request + 1]
-            if last == first:
-                continue
-            start_pos = int(positions[first])
-            state = PagedSequenceState(self.args, request, start_pos, input_ids[first:last].cpu(),
-                                       self.window_caches, self.compressed_caches, self.input_caches, metadata)
-            chunks.append(SequenceChunk(first, last - first, start_pos, state))
-            rows.append((request, start_pos, last - first))
+        audit = StoredPositions()
+        chunks, rows = paged_chunks(self.args, input_ids, positions, metadata, self.window_caches,
+                                    self.compressed_caches, self.input_caches, audit)
         if chunks:
             hidden[:n] = self.model.hidden_states(input_ids[:n], chunks, capture_layers=self.capture_layers)
         if self.context_cache is not None:
             self._write_draft_context(chunks, rows, first_meta, metadata[self.context_cache.layer_name])
+        audit.verify()
         return hidden
 
     @torch.inference_mode()
     def _write_draft_context(self, chunks, rows, first_meta, context_meta) -> None:
         """Every row's draft context keys (all stages) into the paged context cache, in one batched pass: a later
         prefix-cache hit or chunk boundary may need any position's keys."""
-        self.last_step = LastStep(context_meta.block_table, list(first_meta.seq_lens))
+        self.last_step = LastStep(context_meta.block_table.clone(), list(first_meta.seq_lens))
         if not chunks:
             return
         drafter = self.model.drafter
         streams = {layer: torch.cat([c.published["streams_in"][layer] for c in chunks])
                    for layer in self.capture_layers}
-        positions = torch.cat([torch.arange(start, start + n) for _, start, n in rows])
+        positions = torch.cat([torch.arange(start, start + n, device=context_meta.block_table.device)
+                               for _, start, n in rows])
         context = drafter.context(streams).to(drafter.dtype)  # [rows, d]
         keys = torch.stack([stage.attn.window_latents(context, positions) for stage in drafter], dim=1)  # [rows, S, d]
         row = 0

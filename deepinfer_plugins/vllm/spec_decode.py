@@ -37,7 +37,7 @@ import torch
 
 from .. import envs
 from ..dspark.length_policy import plan_verify_lengths
-from .cache import PagedDraftContext
+from .cache import PagedDraftContext, StoredPositions
 
 logger = logging.getLogger("deepinfer")
 
@@ -78,13 +78,15 @@ class DeepInferDSparkProposer:
         model, step = self.target.model, self.target.last_step
         if step is None:
             raise RuntimeError("propose() before any forward: no draft context")
-        states, anchors = [], []
+        states, anchors, audit = [], [], StoredPositions()
         for i in rows:
             n = int(num_tokens_no_spec[i])
             anchors.append(int(token_ids_cpu[i, n - 1]))
-            states.append(PagedDraftContext(self.args, self.target.context_cache, step.context_blocks[i], n - 1))
+            states.append(PagedDraftContext(self.args, self.target.context_cache, step.context_blocks[i], n - 1,
+                                            audit))
         block = model.drafter.propose(model.embed, model.head.weight,
                                       torch.tensor(anchors, dtype=torch.long), states, greedy_draft=True)
+        audit.verify()
         return block.tokens.cpu().numpy(), block.confidences.float().cpu().numpy()
 
     @torch.inference_mode()

@@ -27,7 +27,9 @@ def one_table(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
     every query row [sum q, max k] (right-padded with -1), so that one attention call serves the whole batch.
 
     Engines keep every sequence in one paged table, which is then passed as is. Sequences that own their tables
-    (the in-memory cache) get the rows their slots use copied into a new table, each distinct row once."""
+    (the in-memory cache) get the rows their slots use copied into a new table, each distinct row once; a table
+    no longer than its slot rows (the drafter's keys) is copied whole, since finding the distinct rows makes a
+    GPU wait for the device."""
     width = max(slots.shape[1] for _, slots in parts)
     padded = [torch.nn.functional.pad(slots, (0, width - slots.shape[1]), value=-1) for _, slots in parts]
     table = parts[0][0]
@@ -36,10 +38,12 @@ def one_table(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
         return table, torch.cat(padded)
     rows, remapped, offset = [], [], 0
     for (table, _), slots in zip(parts, padded):
-        used, local = distinct_slots(slots)
-        rows.append(table[used])
-        remapped.append(torch.where(local >= 0, local + offset, -1))
-        offset += used.numel()
+        if table.shape[0] > slots.shape[1]:
+            used, slots = distinct_slots(slots)
+            table = table[used]
+        rows.append(table)
+        remapped.append(torch.where(slots >= 0, slots + offset, -1))
+        offset += table.shape[0]
     return torch.cat(rows), torch.cat(remapped)
 
 
@@ -172,11 +176,11 @@ class Attention(nn.Module):
             q_index, weights = self.indexer.queries(x_query, q_latent, all_query_pos, self.rotate)
             index_queries = list(zip(q_index.split(query_counts), weights.split(query_counts)))
         window, compressed = [], []
-        for chunk, rows, pos, q_pos, chunk_latents, chunk_index_queries in zip(chunks, key_rows, key_pos, query_pos,
-                                                                                latents, index_queries):
+        for chunk, rows, q_pos, chunk_latents, chunk_index_queries in zip(chunks, key_rows, query_pos, latents,
+                                                                           index_queries):
             if self.is_kv_source:
                 self.publish_compressed(rows, chunk)
-            window.append(self.window_keys(chunk_latents, pos, q_pos, chunk))
+            window.append(self.window_keys(chunk_latents, q_pos, chunk))
             if self.ratio:
                 selected = self.select_compressed(chunk_index_queries, q_pos, chunk)
                 entries = chunk.state.compressed(self.args.kv_source_of[self.layer_id]).latents
@@ -192,12 +196,13 @@ class Attention(nn.Module):
                                          self.attn_sink, self.softmax_scale)
         return self.project_out(self.rotate(o, all_query_pos, inverse=True))
 
-    def window_keys(self, latents, key_pos, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this chunk's window latents; -> (window records, each query's window slots in them [q, W])."""
-        first_key = int(key_pos[0])
-        first = min(first_key, max(0, int(query_pos[0]) - self.window + 1))  # the oldest position any query sees
-        records, slots = chunk.state.window_records(self.layer_id, latents, first_key, first)
-        span = min(self.window, int(query_pos[-1]) - first + 1)  # the most keys any query of this chunk has
+    def window_keys(self, latents, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this chunk's window latents; -> (window records, each query's window slots in them [q, W]).
+        Positions come from the chunk on the host, not from ``query_pos``, so no step waits on the device."""
+        last_query = chunk.start_pos + chunk.num_rows - 1
+        first = min(chunk.start_pos, max(0, chunk.first_query_pos - self.window + 1))  # the oldest key any query sees
+        records, slots = chunk.state.window_records(self.layer_id, latents, chunk.start_pos, first)
+        span = min(self.window, last_query - first + 1)  # the most keys any query of this chunk has
         wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=latents.device)[None, :]
         return records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)
 

@@ -78,20 +78,20 @@ class EngramHasher(nn.Module):
         self.token_map = token_map.to(self.token_map.device)
         self.identity_map = False
 
-    def ngram_tokens(self, token_ids: torch.Tensor, history: list[int]) -> torch.Tensor:
+    def ngram_tokens(self, token_ids: torch.Tensor, history: list[int] | torch.Tensor) -> torch.Tensor:
         """Compressed ids of the tokens at t, t-1, ..., t-G+1 for each new token [n, G]; before the sequence
         start (and from there on, for larger offsets) the compressed pad id."""
-        pad = int(self.token_map[self.pad_id])
-        full = torch.cat((torch.tensor(history, dtype=torch.long, device=token_ids.device), token_ids))
+        pad = self.token_map[self.pad_id]
+        full = torch.cat((torch.as_tensor(history, dtype=torch.long, device=token_ids.device), token_ids))
         compressed = self.token_map[full]
         n, offset = token_ids.numel(), len(history)
         columns = []
         for s in range(self.ngram):
             idx = torch.arange(n, device=token_ids.device) + offset - s
-            columns.append(torch.where(idx >= 0, compressed[idx.clamp(min=0)], torch.full_like(idx, pad)))
+            columns.append(torch.where(idx >= 0, compressed[idx.clamp(min=0)], pad))
         return torch.stack(columns, dim=1)
 
-    def forward(self, token_ids: torch.Tensor, history: list[int]) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, history: list[int] | torch.Tensor) -> torch.Tensor:
         grams = self.ngram_tokens(token_ids, history)
         return torch.stack([ops.engram_hash(grams, self.multipliers[t], self.primes[t], self.offsets[t])
                             for t in range(self.primes.shape[0])], dim=1)

@@ -47,8 +47,9 @@ class SequenceState(Protocol):
     def compressed(self, source_layer: int) -> "CompressedKV":
         """The shared compressed state published by KV-source layer ``source_layer``."""
 
-    def ngram_history(self) -> list[int]:
-        """Up to engram_max_ngram_size - 1 token ids preceding the next forward, oldest first."""
+    def ngram_history(self) -> list[int] | torch.Tensor:
+        """Up to engram_max_ngram_size - 1 token ids preceding the next forward, oldest first (engines return
+        them as an int64 tensor on the model's device, read from their caches without a host copy)."""
 
     def advance(self, token_ids: torch.Tensor) -> None:
         """Account for ``token_ids`` having been run (called once per forward, after every layer)."""
@@ -102,20 +103,20 @@ class RecordBuffer:
 
 class MappedRecords:
     """``EntryRecords`` at rows an engine chooses in a table it owns (its paged or slot-indexed cache):
-    ``slot_of`` maps entry ids (CPU int64) to rows of ``table``, a uint8 [S, R] view that may be row-strided."""
+    ``slot_of`` maps entry ids (int64 on the table's device, so that no step waits on a copy to the host) to
+    rows of ``table``, a uint8 [S, R] view that may be row-strided."""
 
     def __init__(self, table: torch.Tensor, fmt: str, dim: int, slot_of: Callable[[torch.Tensor], torch.Tensor],
                  length: int):
         self.records, self.fmt, self.dim, self.slot_of, self.length = table, fmt, dim, slot_of, length
 
     def append(self, x: torch.Tensor) -> None:
-        slots = self.slot_of(torch.arange(self.length, self.length + x.shape[0]))
-        ops.cache_write(self.records, slots.to(self.records.device), x, self.fmt)
+        slots = self.slot_of(torch.arange(self.length, self.length + x.shape[0], device=self.records.device))
+        ops.cache_write(self.records, slots, x, self.fmt)
         self.length += x.shape[0]
 
     def slots(self, entries: torch.Tensor) -> torch.Tensor:
-        found = self.slot_of(entries.clamp(min=0).cpu()).to(entries.device)
-        return torch.where(entries >= 0, found, -1)
+        return torch.where(entries >= 0, self.slot_of(entries.clamp(min=0)), -1)
 
 
 class RollbackError(ValueError):

@@ -53,7 +53,7 @@ class Block(nn.Module):
             streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
             getattr(self, f"hc_{site}_scale"), self.args.hc_sinkhorn_iters, self.args.hc_eps, self.args.rms_norm_eps)
 
-    def forward(self, streams, pre_mix, engram_ids, chunks: list[SequenceChunk], query_rows: torch.Tensor):
+    def forward(self, streams, pre_mix, engram_ids, chunks: list[SequenceChunk], query_rows: torch.Tensor | slice):
         """streams [rows, S, d], pre_mix [rows, S] -> (streams, pre_mix) of the query rows.
 
         ``query_rows`` indexes the rows whose outputs the next layer needs (all rows unless bounded replay);
@@ -103,10 +103,14 @@ class DeepseekV41Model(nn.Module):
     def check_tokens(self, token_ids: torch.Tensor) -> None:
         if token_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input_ids must be an integer tensor, got {token_ids.dtype}")
-        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= self.args.vocab_size):
-            raise ValueError(f"input_ids must lie in [0, {self.args.vocab_size}), got "
-                             f"[{int(token_ids.min())}, {int(token_ids.max())}]")
-        if bool((token_ids == self.args.image_token_id).any()):
+        if not token_ids.numel():
+            return
+        # one read on the host for the three checks: on a GPU each read waits for the device
+        low, high, image = torch.stack((token_ids.min(), token_ids.max(),
+                                        (token_ids == self.args.image_token_id).any().to(token_ids.dtype))).tolist()
+        if low < 0 or high >= self.args.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, {self.args.vocab_size}), got [{low}, {high}]")
+        if image:
             raise ImageInputError(f"input contains image token id {self.args.image_token_id}: image inputs need the "
                                   "vision tower, which DeepInfer does not implement yet")
 
@@ -150,8 +154,9 @@ class DeepseekV41Model(nn.Module):
         for layer_id, layer in enumerate(self.layers):
             for chunk, plan in zip(chunks, plans):
                 chunk.num_query_rows = plan[layer_id]
-            query_rows = torch.cat([torch.arange(c.row_start + c.num_rows - c.num_query_rows, c.row_start + c.num_rows)
-                                    for c in chunks]).to(x.device)
+            query_rows = slice(None) if all(c.num_query_rows == c.num_rows for c in chunks) else torch.cat(
+                [torch.arange(c.row_start + c.num_rows - c.num_query_rows, c.row_start + c.num_rows,
+                              device=x.device) for c in chunks])
             if layer_id in capture_layers:
                 for c in chunks:
                     c.published.setdefault("streams_in", {})[layer_id] = streams[c.row_start: c.row_start + c.num_rows]

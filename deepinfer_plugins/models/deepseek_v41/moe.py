@@ -61,7 +61,14 @@ class MoE(nn.Module):
         """x [n, d] -> [n, d]: weighted routed experts (token choice) plus the shared expert."""
         weights, ids = self.gate(x)
         routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for expert_id in ids.unique().tolist():
-            token, slot = (ids == expert_id).nonzero(as_tuple=True)
-            routed.index_add_(0, token, self.experts[expert_id](x[token], weights[token, slot]).float())
+        # (token, slot) pairs grouped by expert, tokens ascending within each; the per-expert counts are the
+        # layer's one read on the host (a GPU waits for it), since each expert's GEMM size depends on them
+        assignment = ids.flatten().argsort(stable=True)
+        token_of, slot_of = assignment // ids.shape[1], assignment % ids.shape[1]
+        start = 0
+        for expert, count in zip(self.experts, torch.bincount(ids.flatten(), minlength=len(self.experts)).tolist()):
+            if count:
+                token, slot = token_of[start: start + count], slot_of[start: start + count]
+                routed.index_add_(0, token, expert(x[token], weights[token, slot]).float())
+            start += count
         return (routed + self.shared_experts(x).float()).to(x.dtype)

@@ -1,0 +1,164 @@
+"""The vLLM adapter's paged caches in-process, without an engine: the steps vLLM would run (chunked prefill, a
+batch of decodes) go through the adapter's own ``paged_chunks`` over cache owners bound to small tensors, with
+every owner's blocks scattered at random, and must give the logits of the in-memory cache run one sequence at a
+time.
+
+The same steps run under a watch for host reads of tensors (``.item()``, ``.tolist()``, ``int()``, ...): on a
+GPU each one stalls the host until the device catches up. Outside the op kernels, a step may read the device
+only in three places: the token check and the stored-position audit (once per step) and the routed experts'
+counts (once per MoE layer). A read per request or per layer anywhere else fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from deepinfer_plugins.models.deepseek_v41.moe import MoE
+from deepinfer_plugins.vllm.cache import PagedMetadata, StoredPositions, make_cache_owners, window_meta_at
+from deepinfer_plugins.vllm.model import paged_chunks
+
+PACKAGE = Path(__import__("deepinfer_plugins").__file__).parent
+HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__"}
+ONCE_PER_STEP = {("vllm/cache.py", "verify"), ("models/deepseek_v41/model.py", "check_tokens")}
+ONCE_PER_MOE_LAYER = ("models/deepseek_v41/moe.py", "forward")
+BLOCK_SIZE = 16
+
+
+class HostReadWatch(TorchFunctionMode):
+    """Counts host reads of tensors by the package function that made them; the op kernels' own are skipped
+    (on a GPU they run the device backends, not these references)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in HOST_READS:
+            frame = sys._getframe(1)
+            while frame and not frame.f_code.co_filename.startswith(str(PACKAGE)):
+                frame = frame.f_back
+            if frame is not None:
+                where = Path(frame.f_code.co_filename).relative_to(PACKAGE).as_posix()
+                if not where.startswith("ops/"):
+                    self.sites[(where, frame.f_code.co_name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class PagedCaches:
+    """The adapter's cache owners over small tensors; each request's blocks of each owner drawn at random."""
+
+    def __init__(self, args, num_requests: int, max_tokens: int, generator: torch.Generator):
+        config = SimpleNamespace(cache_config=SimpleNamespace(block_size=BLOCK_SIZE),
+                                 compilation_config=SimpleNamespace(static_forward_context={}))
+        self.args, self.num_requests = args, num_requests
+        self.windows, self.compressed, self.inputs = make_cache_owners(args, config, "model.")
+        self.owners = [*self.windows, *self.compressed.values(), *self.inputs.values()]
+        self.tables = {}
+        for owner in self.owners:
+            tokens_per_row = getattr(owner.spec, "tokens_per_state", 1)
+            rows_per_block = owner.spec.block_size // tokens_per_row
+            blocks = -(-max_tokens // owner.spec.block_size)
+            owner.bind_kv_cache(torch.randint(0, 256, (num_requests * blocks + 3, rows_per_block, owner.spec.head_size),
+                                              dtype=torch.uint8, generator=generator))  # stale bytes everywhere
+            order = torch.randperm(num_requests * blocks + 3, generator=generator)[: num_requests * blocks]
+            self.tables[owner.layer_name] = order.view(num_requests, blocks).to(torch.int32)
+
+    def step(self, model, work: dict[int, tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """work: request -> (start position, token ids) -> logits of every row, requests in ``work`` order."""
+        requests = sorted(work)
+        counts = [work[r][1].numel() if r in work else 0 for r in range(self.num_requests)]
+        starts = [0]
+        for n in counts:
+            starts.append(starts[-1] + n)
+        input_ids = torch.cat([work[r][1] for r in requests])
+        positions = torch.cat([work[r][0] + torch.arange(work[r][1].numel()) for r in requests])
+        seq_lens = [work[r][0] + counts[r] if r in work else 0 for r in range(len(counts))]
+        metadata = {name: PagedMetadata(table, starts, seq_lens, input_ids.numel())
+                    for name, table in self.tables.items()}
+        audit = StoredPositions()
+        chunks, _ = paged_chunks(self.args, input_ids, positions, metadata, self.windows, self.compressed,
+                                 self.inputs, audit)
+        hidden = model.hidden_states(input_ids, chunks)
+        audit.verify()
+        return model.compute_logits(hidden)
+
+    def window_positions(self, layer: int, request: int) -> tuple[torch.Tensor, callable]:
+        """(int32 [slots, 2] token id and position columns of a layer's window cache, slot of a position)."""
+        owner, meta_at = self.windows[layer], window_meta_at(self.args)
+        row = self.tables[owner.layer_name][request]
+        return owner.rows()[:, meta_at: meta_at + 8].view(torch.int32), lambda p: int(owner.slots(row, torch.tensor(p)))
+
+
+PROMPTS = {0: 40, 1: 9, 2: 23}
+
+
+def schedule(decode_steps: int):
+    """Steps as vLLM might run them: request 0 prefilled in two chunks, request 2 joining in the second step,
+    then decodes of all three. -> list of {request: (first position, number of tokens)}."""
+    steps = [{0: (0, 24), 1: (0, 9)}, {0: (24, 16), 1: (9, 1), 2: (0, 23)}]
+    steps += [{0: (40 + i, 1), 1: (10 + i, 1), 2: (23 + i, 1)} for i in range(decode_steps)]
+    return steps
+
+
+def run(model, steps, generator, watch: HostReadWatch | None = None, before_step=None):
+    """Run ``steps`` on paged caches (greedy tokens after each prompt) and on one in-memory cache per request.
+    -> largest logits difference."""
+    caches = PagedCaches(model.args, len(PROMPTS), 64, generator)
+    tokens = {r: torch.randint(0, model.args.vocab_size, (n,), generator=generator).tolist()
+              for r, n in PROMPTS.items()}
+    references = {r: model.new_cache() for r in PROMPTS}
+    worst = 0.0
+    for index, step in enumerate(steps):
+        work = {r: (first, torch.tensor(tokens[r][first: first + n])) for r, (first, n) in step.items()}
+        if before_step is not None:
+            before_step(index, caches)
+        with watch if watch is not None else contextlib.nullcontext():
+            logits = caches.step(model, work)
+        row = 0
+        for r in sorted(work):
+            n = work[r][1].numel()
+            expected = model(work[r][1], references[r])
+            worst = max(worst, float((logits[row: row + n] - expected).abs().max()))
+            assert torch.equal(logits[row + n - 1].argmax(), expected[-1].argmax())
+            if work[r][0] + n >= len(tokens[r]):
+                tokens[r].append(int(logits[row + n - 1].argmax()))
+            row += n
+    return worst
+
+
+@torch.no_grad()
+def test_paged_steps_give_the_in_memory_logits(core_model):
+    assert run(core_model, schedule(decode_steps=8), torch.Generator().manual_seed(0)) < 1e-4
+
+
+@torch.no_grad()
+def test_a_step_reads_the_device_only_once_per_step_and_moe_layer(core_model):
+    watch = HostReadWatch()
+    steps = schedule(decode_steps=3)
+    run(core_model, steps, torch.Generator().manual_seed(1), watch=watch)
+    moe_layers = sum(isinstance(layer.ffn, MoE) for layer in core_model.layers)
+    per_step = dict(watch.sites)
+    assert set(per_step) <= ONCE_PER_STEP | {ONCE_PER_MOE_LAYER}, f"host reads at {per_step}"
+    for site in ONCE_PER_STEP:
+        assert per_step.get(site, 0) <= len(steps), per_step
+    assert per_step.get(ONCE_PER_MOE_LAYER, 0) <= moe_layers * len(steps), per_step
+
+
+@pytest.mark.parametrize("layer", [0, 5])
+@torch.no_grad()
+def test_a_window_row_holding_another_position_fails_the_step(core_model, layer):
+    def overwrite(index, caches):
+        if index == 3:
+            meta, slot_of = caches.window_positions(layer, request=1)
+            meta[slot_of(5), 1] = 1000  # request 1 decodes position 11 in step 3: its window reaches back to 4
+
+    with pytest.raises(RuntimeError, match=f"layer {layer}: paged window cache does not hold positions"):
+        run(core_model, schedule(decode_steps=3), torch.Generator().manual_seed(2), before_step=overwrite)
