@@ -35,7 +35,8 @@ from .. import ops
 from ..ops.cache import record_bytes
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.attention import Attention, one_table
-from ..models.deepseek_v41.kv_cache import COMPRESSED_FORMAT, WINDOW_FORMAT, RollbackError, SequenceChunk, WindowRing
+from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, WINDOW_FORMAT, RollbackError, SequenceChunk, WindowRing,
+                                            key_positions)
 from ..models.deepseek_v41.linear import Linear
 from ..models.deepseek_v41.model import Block
 from ..models.deepseek_v41.norm import RMSNorm
@@ -82,7 +83,7 @@ class DraftAttention(Attention):
         """x [rows, d] normed inputs of the slots of every chunk (chunk.state a DraftState, chunk.start_pos the
         anchor position) -> [rows, d]. Projections and the attention run once for every chunk, as in the target."""
         stage = self.layer_id - self.args.num_hidden_layers
-        positions = torch.cat([chunk.start_pos + torch.arange(chunk.num_rows, device=x.device) for chunk in chunks])
+        positions = key_positions(chunks, x.device)
         slots = torch.cat([x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks])
         q, _ = self.queries(slots, positions)
         blocks = ops.pack_cache_records(self.window_latents(slots, positions), WINDOW_FORMAT)  # the B slots' keys

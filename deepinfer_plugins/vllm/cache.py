@@ -34,7 +34,8 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 
 from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
-from ..models.deepseek_v41.kv_cache import COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, MappedRecords
+from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, MappedRecords,
+                                            SequenceChunk, to_device)
 from ..ops.cache import record_bytes
 
 CACHE_DTYPE = torch.uint8
@@ -96,31 +97,33 @@ class StoredPositions:
 
     def __init__(self):
         self.found: list[torch.Tensor] = []
-        self.expected: list[tuple[int, int, str]] = []
+        self.expected: list[torch.Tensor] = []
+        self.what: list[str] = []
 
-    def expect(self, found: torch.Tensor, first: int, what: str) -> None:
-        """``found`` [n] (stored positions, any integer dtype) should be first, first + 1, ..., first + n - 1."""
+    def expect(self, found: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+        """``found`` [n] (stored positions on the device, any integer dtype) should equal ``expected`` [n]
+        (on the host)."""
         if found.numel():
             self.found.append(found.reshape(-1).long())
-            self.expected.append((first, found.numel(), what))
+            self.expected.append(expected.reshape(-1).long())
+            self.what.append(what)
 
     def verify(self) -> None:
-        """Raise RuntimeError naming the first read that found other positions; then start a new step."""
+        """Raise RuntimeError naming the first read that found another position; then start a new step."""
         if not self.found:
             return
-        found = torch.cat(self.found)
-        expected = torch.cat([torch.arange(first, first + n) for first, n, _ in self.expected]).to(found.device)
-        wrong = found != expected
-        any_wrong, first_wrong = torch.stack((wrong.any().long(), wrong.long().argmax())).tolist()
-        reads, self.found, self.expected = self.expected, [], []
+        found, expected = torch.cat(self.found), torch.cat(self.expected)
+        sizes, what = [e.numel() for e in self.expected], self.what
+        self.found, self.expected, self.what = [], [], []
+        wrong = found != expected.to(found.device)
+        any_wrong, at = torch.stack((wrong.any().long(), wrong.long().argmax())).tolist()
         if not any_wrong:
             return
         start = 0
-        for (first, n, what), stored in zip(reads, found.split([n for _, n, _ in reads])):
-            if start <= first_wrong < start + n:
-                raise RuntimeError(f"{what} does not hold positions {first}..{first + n - 1} "
-                                   f"(found {stored.tolist()})")
-            start += n
+        for read, size in zip(what, sizes):
+            if at < start + size:
+                raise RuntimeError(f"{read} does not hold position {int(expected[at])} (found {int(found[at])})")
+            start += size
 
 
 class DeepInferMetadataBuilder(AttentionMetadataBuilder):
@@ -191,6 +194,11 @@ class CacheOwner(nn.Module, AttentionLayerBase):
         """Slots of a request's rows (token positions, or compressed states) through its block table row."""
         per_block = self.rows_per_block
         return block_row[rows // per_block].long() * per_block + rows % per_block
+
+    def batch_slots(self, block_table: torch.Tensor, requests: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Slots of rows of several requests at once: row rows[i] of request requests[i] (same shapes)."""
+        per_block = self.rows_per_block
+        return block_table[requests, rows // per_block].long() * per_block + rows % per_block
 
 
 class CompressedOwner(CacheOwner):
@@ -284,7 +292,8 @@ class PagedCompressedKV:
             return torch.zeros(0, 2 * self.head_dim, device=self.latents.records.device)
         if self._open_inputs is None:
             slots = self._input_slots(self.start_pos - self.open_tokens, self.start_pos)
-            self.audit.expect(self.input_positions[slots, 0], self.start_pos - self.open_tokens,
+            self.audit.expect(self.input_positions[slots, 0], torch.arange(self.start_pos - self.open_tokens,
+                                                                           self.start_pos),
                               f"layer {self.source}: compressor-input cache")
             self._open_inputs = self.input_values[slots]
         return self._open_inputs
@@ -311,22 +320,113 @@ class PagedCompressedKV:
         self._check_open(gates)
 
 
+@dataclass
+class WindowPlan:
+    """Where one step's window keys are written, checked and read, through one block table (so for every
+    layer of its cache group)."""
+
+    new: torch.Tensor  # [key rows] slot of every new key row
+    new_meta: torch.Tensor  # int32 [key rows, 2]: its token id and position
+    context: torch.Tensor  # [c] slots of the earlier positions the queries read
+    context_positions: torch.Tensor  # [c] (host) the positions those slots must hold
+    query: torch.Tensor  # [query rows, W] each query row's window slots, -1 = none
+
+
+class PagedStep:
+    """``BatchStore`` of one vLLM step: every request's window keys and compressed entries, a layer at a time.
+
+    The window owners of one cache group share a block table, so a step's window slots (the new rows, the
+    context rows to check, each query's window) are computed once per table, from one copy of host-built
+    positions, and reused by every layer of the group: a layer then costs one position gather, one record write
+    and one metadata write, whatever the number of requests. Compressed entries are looked up for all query rows
+    at once through the table of their ratio's owner."""
+
+    def __init__(self, args: ModelArgs, windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict,
+                 audit: StoredPositions):
+        self.window, self.windows, self.metadata, self.audit = args.sliding_window, windows, metadata, audit
+        self.compressed_owner = {s: owner for owner in compressed.values() for s in owner.sources}
+        self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
+        self.plans: dict[tuple, WindowPlan] = {}
+        self.requests: dict[tuple, torch.Tensor] = {}
+
+    def columns(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp8_window record columns, int32 [token id, position] columns) of a layer's window cache."""
+        table = self.windows[layer].rows()
+        return table[:, : self.record_bytes], table[:, self.meta_at: self.meta_at + 2 * INT32].view(torch.int32)
+
+    def window_keys(self, layer: int, latents: torch.Tensor,
+                    chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        records, meta = self.columns(layer)
+        plan = self.plan(self.windows[layer], chunks)
+        self.audit.expect(meta[plan.context, 1], plan.context_positions, f"layer {layer}: paged window cache")
+        ops.cache_write(records, plan.new, latents, WINDOW_FORMAT)
+        meta[plan.new] = plan.new_meta
+        return records, plan.query
+
+    def compressed_slots(self, source_layer: int, entries: torch.Tensor,
+                         chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        owner = self.compressed_owner[source_layer]
+        table = self.metadata[owner.layer_name].block_table
+        requests = self.query_requests(chunks, table.device)[:, None].expand_as(entries)
+        slots = owner.batch_slots(table, requests, entries.clamp(min=0))
+        return owner.entry_columns(source_layer), torch.where(entries >= 0, slots, -1)
+
+    def query_requests(self, chunks: list[SequenceChunk], device: torch.device) -> torch.Tensor:
+        """The request of every query row [query rows], copied to the device once per step."""
+        key = tuple((c.state.request, c.num_query_rows) for c in chunks)
+        if key not in self.requests:
+            host = torch.repeat_interleave(torch.tensor([c.state.request for c in chunks]),
+                                           torch.tensor([c.num_query_rows for c in chunks]))
+            self.requests[key] = to_device(host, device)
+        return self.requests[key]
+
+    def plan(self, owner: CacheOwner, chunks: list[SequenceChunk]) -> WindowPlan:
+        table = self.metadata[owner.layer_name].block_table
+        key = (table.data_ptr(), owner.rows_per_block,
+               tuple((c.state.request, c.start_pos, c.num_rows, c.num_query_rows) for c in chunks))
+        if key not in self.plans:
+            self.plans[key] = self.new_plan(owner, table, chunks)
+        return self.plans[key]
+
+    def new_plan(self, owner: CacheOwner, table: torch.Tensor, chunks: list[SequenceChunk]) -> WindowPlan:
+        parts: dict[str, list[torch.Tensor]] = {"new": [], "context": [], "query": []}
+        span = 1  # the most keys any query row has: the width of the query slots
+        for chunk in chunks:
+            last = chunk.start_pos + chunk.num_rows - 1
+            first = min(chunk.start_pos, max(0, chunk.first_query_pos - self.window + 1))  # oldest key read
+            span = max(span, min(self.window, last - first + 1))
+            for part, begin, end in (("new", chunk.start_pos, last + 1), ("context", first, chunk.start_pos),
+                                     ("query", chunk.first_query_pos, last + 1)):
+                positions = torch.arange(begin, end)
+                parts[part].append(torch.stack((torch.full_like(positions, chunk.state.request), positions)))
+        host = {part: torch.cat(pieces, dim=1) for part, pieces in parts.items()}
+        device = to_device(torch.cat(list(host.values()), dim=1), table.device)
+        (new_req, new_pos), (context_req, context_pos), (query_req, query_pos) = device.split(
+            [host[part].shape[1] for part in ("new", "context", "query")], dim=1)
+        wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=table.device)
+        query = owner.batch_slots(table, query_req[:, None].expand_as(wanted), wanted.clamp(min=0))
+        new = owner.batch_slots(table, new_req, new_pos)
+        tokens = torch.cat([chunk.state.token_ids[chunk.start_pos - chunk.state.num_tokens:] for chunk in chunks])
+        return WindowPlan(new=new, new_meta=torch.stack((tokens, new_pos), dim=1).to(torch.int32),
+                          context=owner.batch_slots(table, context_req, context_pos),
+                          context_positions=host["context"][1], query=torch.where(wanted >= 0, query, -1))
+
+
 class PagedSequenceState:
     """``SequenceState`` of one request in one vLLM step, reading and writing vLLM's paged caches.
 
     Every cache owner has its own block table: vLLM may put the window caches of different layers in different
     cache groups that share physical tensors, so a layer's rows are only found through its own table. Slots are
     computed on the caches' device and stored positions are checked through ``audit`` once per step, so a step
-    never waits on the device per request or layer. ``token_ids``: this step's tokens of the request, on the
-    device."""
+    never waits on the device per request or layer; the window is written, and the compressed entries looked up,
+    for all requests at once by the step's ``batch_store``. ``token_ids``: this step's tokens of the request, on the device."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
-                 windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict,
+                 batch_store: PagedStep, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict,
                  audit: StoredPositions):
-        self.args, self.num_tokens, self.token_ids, self.audit = args, start_pos, token_ids, audit
-        self.windows = windows
-        self.window_rows = [metadata[owner.layer_name].block_table[request] for owner in windows]
-        self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
+        self.args, self.request, self.num_tokens, self.token_ids = args, request, start_pos, token_ids
+        self.batch_store, self.audit = batch_store, audit
+        self.history_row = metadata[batch_store.windows[0].layer_name].block_table[request]
         end_pos = start_pos + token_ids.numel()
         self.sources = {}
         for owner in compressed.values():
@@ -338,35 +438,16 @@ class PagedSequenceState:
                     metadata[source_inputs.layer_name].block_table[request] if source_inputs else None,
                     start_pos, end_pos, audit)
 
-    def _window(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(fp8_window record columns, int32 [token id, position] columns) of a layer's window cache."""
-        table = self.windows[layer].rows()
-        return table[:, : self.record_bytes], table[:, self.meta_at: self.meta_at + 2 * INT32].view(torch.int32)
-
-    def _window_slots(self, layer: int, first: int, end: int) -> torch.Tensor:
-        row = self.window_rows[layer]
-        return self.windows[layer].slots(row, torch.arange(first, end, device=row.device))
-
-    def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
-                       first: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = latents.shape[0]
-        records, meta = self._window(layer)
-        slots = self._window_slots(layer, first, start_pos + n)
-        context, new = slots[: start_pos - first], slots[start_pos - first:]
-        self.audit.expect(meta[context, 1], first, f"layer {layer}: paged window cache")
-        ops.cache_write(records, new, latents, WINDOW_FORMAT)
-        positions = torch.arange(start_pos, start_pos + n, device=new.device)
-        meta[new] = torch.stack((self.token_ids[-n:], positions), dim=1).to(torch.int32)
-        return records, slots
-
     def compressed(self, source_layer: int) -> PagedCompressedKV:
         return self.sources[source_layer]
 
     def ngram_history(self) -> torch.Tensor:
         first = max(0, self.num_tokens - (self.args.engram_max_ngram_size - 1))
-        slots = self._window_slots(0, first, self.num_tokens)
-        _, meta = self._window(0)
-        self.audit.expect(meta[slots, 1], first, "layer 0: paged window cache (Engram history)")
+        positions = torch.arange(first, self.num_tokens, device=self.history_row.device)
+        slots = self.batch_store.windows[0].slots(self.history_row, positions)
+        _, meta = self.batch_store.columns(0)
+        self.audit.expect(meta[slots, 1], torch.arange(first, self.num_tokens),
+                          "layer 0: paged window cache (Engram history)")
         return meta[slots, 0].long()
 
     def advance(self, token_ids: torch.Tensor) -> None:
@@ -417,7 +498,7 @@ class PagedDraftContext:
         first = max(0, anchor_pos - self.window)
         self.slots = owner.slots(block_row, torch.arange(first, anchor_pos, device=block_row.device))
         self.stages, stored_positions = _draft_columns(args, owner)
-        audit.expect(stored_positions[self.slots, 0], first, "DSpark context cache")
+        audit.expect(stored_positions[self.slots, 0], torch.arange(first, anchor_pos), "DSpark context cache")
 
     def context_records(self, stage: int, end: int) -> torch.Tensor:
         if end != self.num_tokens:

@@ -32,8 +32,8 @@ from ..models.deepseek_v41.kv_cache import SequenceChunk
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
 from ..models.deepseek_v41.sharding import shard_blocks
-from .cache import (PagedSequenceState, StoredPositions, make_cache_owners, make_dspark_feature_owner,
-                    write_dspark_context)
+from .cache import (PagedSequenceState, PagedStep, StoredPositions, make_cache_owners,
+                    make_dspark_feature_owner, write_dspark_context)
 
 logger = logging.getLogger("deepinfer")
 
@@ -59,16 +59,19 @@ def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tens
     -> (chunks, (request, start position, rows) of each). Start positions come from the metadata's host copies;
     ``positions`` (on the device) is only checked against them, through ``audit``."""
     first_meta = metadata[windows[0].layer_name]
+    batch_store = PagedStep(args, windows, compressed, metadata, audit)
     chunks, rows = [], []
     for request, (first, last) in enumerate(zip(first_meta.query_start_loc, first_meta.query_start_loc[1:])):
         if last == first:
             continue
         start_pos = first_meta.seq_lens[request] - (last - first)
-        audit.expect(positions[first:last], start_pos, "vLLM's positions")
-        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], windows, compressed, inputs,
+        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], batch_store, compressed, inputs,
                                    metadata, audit)
         chunks.append(SequenceChunk(first, last - first, start_pos, state))
         rows.append((request, start_pos, last - first))
+    if rows:
+        expected = torch.cat([torch.arange(start, start + n) for _, start, n in rows])
+        audit.expect(positions[: expected.numel()], expected, "vLLM's positions")
     return chunks, rows
 
 

@@ -17,7 +17,7 @@ from ...ops.cache import record_bytes
 from ...ops.fused import distinct_slots
 from .args import ModelArgs
 from .indexer import Indexer
-from .kv_cache import COMPRESSED_FORMAT, SequenceChunk
+from .kv_cache import COMPRESSED_FORMAT, SequenceChunk, key_positions
 from .linear import Linear
 from .norm import RMSNorm
 
@@ -45,6 +45,36 @@ def one_table(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
         remapped.append(torch.where(slots >= 0, slots + offset, -1))
         offset += table.shape[0]
     return torch.cat(rows), torch.cat(remapped)
+
+
+class PerSequenceStore:
+    """The ``BatchStore`` of sequences that own their caches (``SequenceState.window_records`` and their own
+    compressed records): each sequence is written and looked up on its own, and ``one_table`` merges the results.
+    Positions come from the chunks on the host, so no step waits on the device."""
+
+    def __init__(self, window: int):
+        self.window = window
+
+    def window_keys(self, layer: int, latents: torch.Tensor,
+                    chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = []
+        for chunk, chunk_latents in zip(chunks, latents.split([chunk.num_rows for chunk in chunks])):
+            last_query = chunk.start_pos + chunk.num_rows - 1
+            first = min(chunk.start_pos, max(0, chunk.first_query_pos - self.window + 1))  # oldest key any query sees
+            records, slots = chunk.state.window_records(layer, chunk_latents, chunk.start_pos, first)
+            span = min(self.window, last_query - first + 1)  # the most keys any query of this chunk has
+            query_pos = torch.arange(chunk.first_query_pos, last_query + 1, device=latents.device)
+            wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=latents.device)[None, :]
+            parts.append((records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)))
+        return one_table(parts)
+
+    def compressed_slots(self, source_layer: int, entries: torch.Tensor,
+                         chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = []
+        for chunk, chunk_entries in zip(chunks, entries.split([chunk.num_query_rows for chunk in chunks])):
+            records = chunk.state.compressed(source_layer).latents
+            parts.append((records.records, records.slots(chunk_entries)))
+        return one_table(parts)
 
 
 def rope_inv_freq(args: ModelArgs, ratio: int) -> torch.Tensor:
@@ -138,14 +168,15 @@ class Attention(nn.Module):
             q = ops.rms_norm(q, None, self.args.rms_norm_eps)
         return self.rotate(q, positions), q_latent
 
-    def publish_compressed(self, x: torch.Tensor, chunk: SequenceChunk) -> None:
-        """Run the compressor over this chunk's tokens and append entries and index keys to the shared state."""
+    def publish_compressed(self, x: torch.Tensor, chunk: SequenceChunk,
+                           inputs: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Run the compressor over this chunk's tokens and append entries and index keys to the shared state.
+        ``inputs``: ``Compressor.token_inputs`` of the chunk (ratio > 1), computed for the whole batch at once."""
         state = chunk.state.compressed(self.layer_id)
         if state.num_entries * self.ratio + state.pending_values.shape[0] != chunk.start_pos:
             raise RuntimeError(f"layer {self.layer_id}: compressor state covers "
                                f"{state.num_entries * self.ratio + state.pending_values.shape[0]} tokens but the "
                                f"chunk starts at position {chunk.start_pos}")
-        inputs = self.compressor.token_inputs(x) if self.ratio > 1 else None
         if inputs is not None:
             state.remember_inputs(*inputs)
         latents, state.pending_values, state.pending_gates = self.compressor(
@@ -160,34 +191,39 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
         """x [rows, d] (normed attention input of every key row) -> [query rows, d].
 
-        Projections, RoPE and the attention itself run once over the rows of every chunk; only the cache
-        bookkeeping (window writes, compressor, indexer) is per sequence, because each sequence has its own state."""
-        key_pos = [chunk.start_pos + torch.arange(chunk.num_rows, device=x.device) for chunk in chunks]
+        Projections, RoPE, the compressor's inputs and the attention itself run once over the rows of every
+        chunk. Window writes and slot lookups run once per layer where the states share a ``batch_store``
+        (engines), else once per sequence; the compressor's pooling and the indexer stay per sequence."""
+        all_key_pos = key_positions(chunks, x.device)
+        key_pos = all_key_pos.split([chunk.num_rows for chunk in chunks])
         query_pos = [pos[chunk.num_rows - chunk.num_query_rows:] for pos, chunk in zip(key_pos, chunks)]
         key_rows = [x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks]
         x_query = torch.cat([rows[chunk.num_rows - chunk.num_query_rows:] for rows, chunk in zip(key_rows, chunks)])
         all_query_pos = torch.cat(query_pos)
         q, q_latent = self.queries(x_query, all_query_pos)
-        latents = self.window_latents(torch.cat(key_rows), torch.cat(key_pos)).split(
-            [chunk.num_rows for chunk in chunks])
+        latents = self.window_latents(torch.cat(key_rows), all_key_pos)
         query_counts = [chunk.num_query_rows for chunk in chunks]
         index_queries = [None] * len(chunks)
         if self.is_index_source:
             q_index, weights = self.indexer.queries(x_query, q_latent, all_query_pos, self.rotate)
             index_queries = list(zip(q_index.split(query_counts), weights.split(query_counts)))
-        window, compressed = [], []
-        for chunk, rows, q_pos, chunk_latents, chunk_index_queries in zip(chunks, key_rows, query_pos, latents,
-                                                                           index_queries):
+        compressor_inputs = [None] * len(chunks)
+        if self.is_kv_source and self.ratio > 1:
+            values, gates = self.compressor.token_inputs(torch.cat(key_rows))
+            row_counts = [chunk.num_rows for chunk in chunks]
+            compressor_inputs = list(zip(values.split(row_counts), gates.split(row_counts)))
+        selected = []
+        for chunk, rows, q_pos, inputs, chunk_index_queries in zip(chunks, key_rows, query_pos, compressor_inputs,
+                                                                   index_queries):
             if self.is_kv_source:
-                self.publish_compressed(rows, chunk)
-            window.append(self.window_keys(chunk_latents, q_pos, chunk))
+                self.publish_compressed(rows, chunk, inputs)
             if self.ratio:
-                selected = self.select_compressed(chunk_index_queries, q_pos, chunk)
-                entries = chunk.state.compressed(self.args.kv_source_of[self.layer_id]).latents
-                compressed.append((entries.records, entries.slots(selected)))
-        window_cache, window_slots = one_table(window)
+                selected.append(self.select_compressed(chunk_index_queries, q_pos, chunk))
+        store = getattr(chunks[0].state, "batch_store", None) or PerSequenceStore(self.window)
+        window_cache, window_slots = store.window_keys(self.layer_id, latents, chunks)
         if self.ratio:
-            compressed_cache, compressed_slots = one_table(compressed)
+            compressed_cache, compressed_slots = store.compressed_slots(
+                self.args.kv_source_of[self.layer_id], torch.cat(selected), chunks)
         else:
             compressed_cache = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
                                            device=x.device)
@@ -195,16 +231,6 @@ class Attention(nn.Module):
         o = ops.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
                                          self.attn_sink, self.softmax_scale)
         return self.project_out(self.rotate(o, all_query_pos, inverse=True))
-
-    def window_keys(self, latents, query_pos, chunk: SequenceChunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this chunk's window latents; -> (window records, each query's window slots in them [q, W]).
-        Positions come from the chunk on the host, not from ``query_pos``, so no step waits on the device."""
-        last_query = chunk.start_pos + chunk.num_rows - 1
-        first = min(chunk.start_pos, max(0, chunk.first_query_pos - self.window + 1))  # the oldest key any query sees
-        records, slots = chunk.state.window_records(self.layer_id, latents, chunk.start_pos, first)
-        span = min(self.window, last_query - first + 1)  # the most keys any query of this chunk has
-        wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=latents.device)[None, :]
-        return records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)
 
     def select_compressed(self, index_queries, query_pos, chunk: SequenceChunk) -> torch.Tensor:
         """Compressed entry ids [q, index_topk] for each query: indexed here (``index_queries``: this chunk's

@@ -15,6 +15,7 @@ from torch import nn
 
 from ... import ops
 from .args import ModelArgs
+from .kv_cache import to_device
 from .linear import Linear
 
 
@@ -78,21 +79,27 @@ class EngramHasher(nn.Module):
         self.token_map = token_map.to(self.token_map.device)
         self.identity_map = False
 
-    def ngram_tokens(self, token_ids: torch.Tensor, history: list[int] | torch.Tensor) -> torch.Tensor:
-        """Compressed ids of the tokens at t, t-1, ..., t-G+1 for each new token [n, G]; before the sequence
-        start (and from there on, for larger offsets) the compressed pad id."""
-        pad = self.token_map[self.pad_id]
-        full = torch.cat((torch.as_tensor(history, dtype=torch.long, device=token_ids.device), token_ids))
-        compressed = self.token_map[full]
-        n, offset = token_ids.numel(), len(history)
-        columns = []
-        for s in range(self.ngram):
-            idx = torch.arange(n, device=token_ids.device) + offset - s
-            columns.append(torch.where(idx >= 0, compressed[idx.clamp(min=0)], pad))
-        return torch.stack(columns, dim=1)
+    def ngram_tokens(self, token_ids: torch.Tensor, histories: list[list[int] | torch.Tensor],
+                     counts: list[int]) -> torch.Tensor:
+        """Compressed ids of the tokens at t, t-1, ..., t-G+1 for each new token [n, G] of several sequences
+        (``counts`` tokens each, in order, with the token ids that precede each in ``histories``); before a
+        sequence's start the compressed pad id. One gather for the whole batch."""
+        keep = self.ngram - 1
+        pads = torch.full((keep,), self.pad_id, dtype=torch.long, device=token_ids.device)
+        pieces, row = [], 0
+        for history, n in zip(histories, counts):
+            history = torch.as_tensor(history, dtype=torch.long, device=token_ids.device)[-keep:] if keep else pads
+            pieces += [pads[: keep - history.numel()], history, token_ids[row: row + n].long()]
+            row += n
+        sequences = self.token_map[torch.cat(pieces)]  # each sequence as [keep earlier ids, its new tokens]
+        # row i of sequence k sits at i + (k + 1) * keep in ``sequences``
+        shift = torch.repeat_interleave(torch.arange(1, len(counts) + 1) * keep, torch.tensor(counts))
+        last = torch.arange(row, device=token_ids.device) + to_device(shift, token_ids.device)
+        return sequences[last[:, None] - torch.arange(self.ngram, device=token_ids.device)]
 
-    def forward(self, token_ids: torch.Tensor, history: list[int] | torch.Tensor) -> torch.Tensor:
-        grams = self.ngram_tokens(token_ids, history)
+    def forward(self, token_ids: torch.Tensor, histories: list[list[int] | torch.Tensor],
+                counts: list[int]) -> torch.Tensor:
+        grams = self.ngram_tokens(token_ids, histories, counts)
         return torch.stack([ops.engram_hash(grams, self.multipliers[t], self.primes[t], self.offsets[t])
                             for t in range(self.primes.shape[0])], dim=1)
 

@@ -33,8 +33,27 @@ from .args import ModelArgs
 WINDOW_FORMAT, COMPRESSED_FORMAT, INDEX_KEY_FORMAT = "fp8_window", "nvfp4", "mxfp4"  # spec §8.1-8.3
 
 
+class BatchStore(Protocol):
+    """A batch's cache reads and writes for one layer at a time, where its sequences share tables (engines): a
+    layer's window writes and slot lookups then cost a few batched ops, not some per sequence."""
+
+    def window_keys(self, layer: int, latents: torch.Tensor,
+                    chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's window latents [key rows of every chunk, head_dim] (unquantised: written as
+        fp8_window records) -> (records [S, R] uint8, possibly a row-strided view; each query row's window slots
+        [query rows, W], -1 = none): the records of the positions within ``sliding_window`` up to the row's own."""
+
+    def compressed_slots(self, source_layer: int, entries: torch.Tensor,
+                         chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compressed entry ids [query rows of every chunk, k] (-1 = none) of KV source ``source_layer`` ->
+        (its nvfp4 records [S, R] uint8, possibly a row-strided view; their slots [query rows, k], -1 kept)."""
+
+
 class SequenceState(Protocol):
-    """The cache interface the layers use. ``SequenceCache`` is the in-memory reference implementation."""
+    """The cache interface the layers use. ``SequenceCache`` is the in-memory reference implementation.
+
+    Engines whose sequences share tables give every state of a batch the same ``batch_store`` attribute (a
+    ``BatchStore``), which then replaces ``window_records``; the model reads and writes per sequence otherwise."""
 
     num_tokens: int
 
@@ -312,3 +331,14 @@ class SequenceChunk:
     @property
     def first_query_pos(self) -> int:
         return self.start_pos + self.num_rows - self.num_query_rows
+
+
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host-built index tensor on ``device``, copied from pinned memory so that the host does not wait (a plain
+    copy to a GPU waits for the device to finish its queue)."""
+    return host if torch.device(device).type == "cpu" else host.pin_memory().to(device, non_blocking=True)
+
+
+def key_positions(chunks: list[SequenceChunk], device: torch.device | str) -> torch.Tensor:
+    """Positions of every key row of ``chunks`` [sum num_rows], in one copy to the device."""
+    return to_device(torch.cat([torch.arange(c.start_pos, c.start_pos + c.num_rows) for c in chunks]), device)
