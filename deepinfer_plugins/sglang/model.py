@@ -42,7 +42,7 @@ from torch import nn
 from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, CompressedKV,
-                                             MappedRecords)
+                                             MappedRecords, to_device, window_positions)
 from ..ops import cache_write
 from ..ops.cache import record_bytes
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
@@ -123,6 +123,48 @@ class SlotStore:
         self.capacity = new
 
 
+class SlotStep:
+    """``BatchStore`` of one SGLang forward. Every per-token buffer is indexed by the same SGLang slot ids, so the
+    slots of a forward (its new rows, each query row's window, each request's slot list) are the same for every
+    layer: they are built once, and a layer costs one record write and one gather per lookup."""
+
+    def __init__(self, store: SlotStore):
+        self.store, self.window = store, store.args.sliding_window
+        self.plans: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def plan(self, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (slots of the new rows [key rows], each query row's window slots [query rows, W], every request's
+        slot list padded with -1 [chunks, longest], the chunk of every query row [query rows])."""
+        key = tuple((c.start_pos, c.num_rows, c.num_query_rows) for c in chunks)
+        if key not in self.plans:
+            device = self.store.device
+            slot_lists = torch.nn.utils.rnn.pad_sequence([c.state.slots for c in chunks], batch_first=True,
+                                                         padding_value=-1)
+            new = torch.cat([c.state.slots[c.start_pos: c.start_pos + c.num_rows] for c in chunks])
+            query_chunk = torch.repeat_interleave(torch.arange(len(chunks)),
+                                                  torch.tensor([c.num_query_rows for c in chunks]))
+            query_pos = torch.cat([torch.arange(c.first_query_pos, c.start_pos + c.num_rows) for c in chunks])
+            query_chunk, query_pos = to_device(torch.stack((query_chunk, query_pos)), device)
+            wanted = window_positions(query_pos, chunks, self.window)
+            window = torch.where(wanted >= 0, slot_lists[query_chunk[:, None], wanted.clamp(min=0)], -1)
+            self.plans[key] = new, window, slot_lists, query_chunk
+        return self.plans[key]
+
+    def window_keys(self, layer: int, latents: torch.Tensor,
+                    chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        new, window, _, _ = self.plan(chunks)
+        cache_write(self.store.window[layer], new, latents, WINDOW_FORMAT)
+        return self.store.window[layer], window
+
+    def compressed_slots(self, source_layer: int, entries: torch.Tensor,
+                         chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        _, _, slot_lists, query_chunk = self.plan(chunks)
+        ratio = self.store.args.layer_ratios[source_layer]
+        group_end = (entries * ratio + ratio - 1).clamp(min=0)  # entry j lives at the slot of its group's last token
+        slots = slot_lists[query_chunk[:, None].expand_as(entries), group_end]
+        return self.store.entries[source_layer], torch.where(entries >= 0, slots, -1)
+
+
 class SlotSequenceState:
     """``SequenceState`` of one request for one forward, over ``SlotStore``.
 
@@ -130,15 +172,9 @@ class SlotSequenceState:
     Compressed state is gathered from the slots on first use and written back by ``commit``.
     """
 
-    def __init__(self, store: SlotStore, slots: torch.Tensor, start_pos: int):
-        self.store, self.slots, self.num_tokens = store, slots, start_pos
+    def __init__(self, store: SlotStore, slots: torch.Tensor, start_pos: int, batch_store: SlotStep):
+        self.store, self.slots, self.num_tokens, self.batch_store = store, slots, start_pos, batch_store
         self._compressed: dict[int, CompressedKV] = {}
-
-    def window_records(self, layer: int, latents: torch.Tensor, start_pos: int,
-                       first: int) -> tuple[torch.Tensor, torch.Tensor]:
-        end = start_pos + latents.shape[0]
-        cache_write(self.store.window[layer], self.slots[start_pos:end], latents, WINDOW_FORMAT)
-        return self.store.window[layer], self.slots[first:end]
 
     def compressed(self, source_layer: int) -> CompressedKV:
         if source_layer not in self._compressed:
@@ -273,12 +309,12 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         store = self.slot_store(int(out_loc.max()) + 1 if out_loc.numel() else 0)
         if req_to_token.numel():
             store.ensure(int(req_to_token.max()) + 1)
-        chunks, row = [], 0
+        chunks, row, batch_store = [], 0, SlotStep(store)
         for i, n in enumerate(counts):
             start = int(positions[row]) if n else 0
             prefix = req_to_token[int(forward_batch.req_pool_indices[i]), :start].long().to(store.device)
             slots = torch.cat((prefix, out_loc[row: row + n].to(store.device)))  # [start + n]
-            chunks.append(SequenceChunk(row, n, start, SlotSequenceState(store, slots, start)))
+            chunks.append(SequenceChunk(row, n, start, SlotSequenceState(store, slots, start, batch_store)))
             row += n
         return chunks, counts
 

@@ -35,7 +35,7 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, MappedRecords,
-                                            SequenceChunk, to_device)
+                                            SequenceChunk, oldest_window_key, to_device, window_positions)
 from ..ops.cache import record_bytes
 
 CACHE_DTYPE = torch.uint8
@@ -390,20 +390,18 @@ class PagedStep:
 
     def new_plan(self, owner: CacheOwner, table: torch.Tensor, chunks: list[SequenceChunk]) -> WindowPlan:
         parts: dict[str, list[torch.Tensor]] = {"new": [], "context": [], "query": []}
-        span = 1  # the most keys any query row has: the width of the query slots
         for chunk in chunks:
-            last = chunk.start_pos + chunk.num_rows - 1
-            first = min(chunk.start_pos, max(0, chunk.first_query_pos - self.window + 1))  # oldest key read
-            span = max(span, min(self.window, last - first + 1))
-            for part, begin, end in (("new", chunk.start_pos, last + 1), ("context", first, chunk.start_pos),
-                                     ("query", chunk.first_query_pos, last + 1)):
-                positions = torch.arange(begin, end)
+            end = chunk.start_pos + chunk.num_rows
+            for part, low, high in (("new", chunk.start_pos, end),
+                                    ("context", oldest_window_key(chunk, self.window), chunk.start_pos),
+                                    ("query", chunk.first_query_pos, end)):
+                positions = torch.arange(low, high)
                 parts[part].append(torch.stack((torch.full_like(positions, chunk.state.request), positions)))
         host = {part: torch.cat(pieces, dim=1) for part, pieces in parts.items()}
         device = to_device(torch.cat(list(host.values()), dim=1), table.device)
         (new_req, new_pos), (context_req, context_pos), (query_req, query_pos) = device.split(
             [host[part].shape[1] for part in ("new", "context", "query")], dim=1)
-        wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=table.device)
+        wanted = window_positions(query_pos, chunks, self.window)
         query = owner.batch_slots(table, query_req[:, None].expand_as(wanted), wanted.clamp(min=0))
         new = owner.batch_slots(table, new_req, new_pos)
         tokens = torch.cat([chunk.state.token_ids[chunk.start_pos - chunk.state.num_tokens:] for chunk in chunks])
@@ -419,7 +417,8 @@ class PagedSequenceState:
     cache groups that share physical tensors, so a layer's rows are only found through its own table. Slots are
     computed on the caches' device and stored positions are checked through ``audit`` once per step, so a step
     never waits on the device per request or layer; the window is written, and the compressed entries looked up,
-    for all requests at once by the step's ``batch_store``. ``token_ids``: this step's tokens of the request, on the device."""
+    for all requests at once by the step's ``batch_store``. ``token_ids``: this step's tokens of the request,
+    on the device."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
                  batch_store: PagedStep, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict,

@@ -17,7 +17,7 @@ from ...ops.cache import record_bytes
 from ...ops.fused import distinct_slots
 from .args import ModelArgs
 from .indexer import Indexer
-from .kv_cache import COMPRESSED_FORMAT, SequenceChunk, key_positions
+from .kv_cache import COMPRESSED_FORMAT, SequenceChunk, key_positions, oldest_window_key, window_positions
 from .linear import Linear
 from .norm import RMSNorm
 
@@ -59,12 +59,10 @@ class PerSequenceStore:
                     chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = []
         for chunk, chunk_latents in zip(chunks, latents.split([chunk.num_rows for chunk in chunks])):
-            last_query = chunk.start_pos + chunk.num_rows - 1
-            first = min(chunk.start_pos, max(0, chunk.first_query_pos - self.window + 1))  # oldest key any query sees
+            first = oldest_window_key(chunk, self.window)
             records, slots = chunk.state.window_records(layer, chunk_latents, chunk.start_pos, first)
-            span = min(self.window, last_query - first + 1)  # the most keys any query of this chunk has
-            query_pos = torch.arange(chunk.first_query_pos, last_query + 1, device=latents.device)
-            wanted = query_pos[:, None] - span + 1 + torch.arange(span, device=latents.device)[None, :]
+            query_pos = torch.arange(chunk.first_query_pos, chunk.start_pos + chunk.num_rows, device=latents.device)
+            wanted = window_positions(query_pos, [chunk], self.window)
             parts.append((records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)))
         return one_table(parts)
 

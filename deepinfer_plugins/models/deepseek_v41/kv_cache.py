@@ -342,3 +342,15 @@ def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 def key_positions(chunks: list[SequenceChunk], device: torch.device | str) -> torch.Tensor:
     """Positions of every key row of ``chunks`` [sum num_rows], in one copy to the device."""
     return to_device(torch.cat([torch.arange(c.start_pos, c.start_pos + c.num_rows) for c in chunks]), device)
+
+
+def oldest_window_key(chunk: SequenceChunk, window: int) -> int:
+    """The oldest position whose window key some query row of ``chunk`` reads."""
+    return min(chunk.start_pos, max(0, chunk.first_query_pos - window + 1))
+
+
+def window_positions(query_pos: torch.Tensor, chunks: list[SequenceChunk], window: int) -> torch.Tensor:
+    """Each query row's window positions [query rows, span], its own last, negative before its sequence starts;
+    span is the most window keys any query row of ``chunks`` reads."""
+    span = max(min(window, c.start_pos + c.num_rows - oldest_window_key(c, window)) for c in chunks)
+    return query_pos[:, None] - span + 1 + torch.arange(span, device=query_pos.device)
