@@ -32,6 +32,7 @@ are returned), tensor / pipeline parallelism (the core model is single-device), 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -305,17 +306,25 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
 
         req_to_token = get_req_to_token_pool().req_to_token
         counts = rows_per_request(forward_batch, positions.numel())
-        out_loc = forward_batch.out_cache_loc.long()
-        store = self.slot_store(int(out_loc.max()) + 1 if out_loc.numel() else 0)
-        if req_to_token.numel():
-            store.ensure(int(req_to_token.max()) + 1)
-        chunks, row, batch_store = [], 0, SlotStep(store)
-        for i, n in enumerate(counts):
-            start = int(positions[row]) if n else 0
-            prefix = req_to_token[int(forward_batch.req_pool_indices[i]), :start].long().to(store.device)
-            slots = torch.cat((prefix, out_loc[row: row + n].to(store.device)))  # [start + n]
-            chunks.append(SequenceChunk(row, n, start, SlotSequenceState(store, slots, start, batch_store)))
-            row += n
+        device = self.model.embed.weight.device
+        first_rows = [0, *itertools.accumulate(counts)][: len(counts)]
+        # three reads on the host per forward, whatever the batch size (each one waits for a GPU): the requests'
+        # pool rows, their first positions and the largest slot id
+        pool_rows = forward_batch.req_pool_indices.tolist()
+        nonempty = [i for i, n in enumerate(counts) if n]
+        firsts = positions[torch.tensor([first_rows[i] for i in nonempty], dtype=torch.long,
+                                        device=positions.device)].tolist() if nonempty else []
+        starts = [0] * len(counts)
+        for i, first in zip(nonempty, firsts):
+            starts[i] = first
+        out_loc = forward_batch.out_cache_loc.long().to(device)
+        slot_lists = [torch.cat((req_to_token[pool_row, :start].long().to(device), out_loc[row: row + n]))
+                      for pool_row, start, row, n in zip(pool_rows, starts, first_rows, counts)]  # [start + n] each
+        every_slot = torch.cat(slot_lists) if slot_lists else out_loc
+        store = self.slot_store(int(every_slot.max()) + 1 if every_slot.numel() else 0)
+        batch_store = SlotStep(store)
+        chunks = [SequenceChunk(row, n, start, SlotSequenceState(store, slots, start, batch_store))
+                  for row, n, start, slots in zip(first_rows, counts, starts, slot_lists)]
         return chunks, counts
 
     @torch.no_grad()

@@ -40,6 +40,7 @@ import torch
 
 from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
+from integration_tests.host_reads import ONCE_PER_MOE_LAYER, TOKEN_CHECK, HostReadWatch
 
 PRESET = "tiny-vocab256"
 
@@ -303,6 +304,27 @@ def test_forward_batches_match_core_model(models):
     eng.pool.write((3, slice(0, 10)), eng.pool.req_to_token[1, :10].clone())
     out = eng.forward("EXTEND", [(3, 10, c[10:])])
     close(out[0], reference(core, c)[-1])
+
+
+def test_host_reads_do_not_grow_with_the_batch(models):
+    """Each host read of a tensor stalls a GPU: a forward makes the same few whatever its number of requests."""
+    adapter, core = models
+    g = torch.Generator().manual_seed(3)
+    prompts = {i: torch.randint(3, core.args.vocab_size - 8, (5 + i,), generator=g).tolist() for i in (1, 2, 3, 4)}
+    eng = Engine(adapter)
+    eng.forward("EXTEND", [(i, 0, p) for i, p in prompts.items()])
+
+    def reads(requests):
+        watch = HostReadWatch()
+        with watch:
+            eng.forward("DECODE", [(i, len(prompts[i]), [5]) for i in requests])
+        for i in requests:
+            prompts[i].append(5)
+        return dict(watch.sites)
+
+    one, four = reads([1]), reads([1, 2, 3, 4])
+    assert one == four
+    assert set(four) <= {("sglang/model.py", "sequence_chunks"), TOKEN_CHECK, ONCE_PER_MOE_LAYER}, four
 
 
 def test_verify_translation_on_target_verify_logits(models):

@@ -12,44 +12,18 @@ counts (once per MoE layer). A read per request or per layer anywhere else fails
 from __future__ import annotations
 
 import contextlib
-import sys
-from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from deepinfer_plugins.models.deepseek_v41.moe import MoE
 from deepinfer_plugins.vllm.cache import PagedMetadata, StoredPositions, make_cache_owners, window_meta_at
 from deepinfer_plugins.vllm.model import paged_chunks
+from integration_tests.host_reads import ONCE_PER_MOE_LAYER, TOKEN_CHECK, HostReadWatch
 
-PACKAGE = Path(__import__("deepinfer_plugins").__file__).parent
-HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__"}
-ONCE_PER_STEP = {("vllm/cache.py", "verify"), ("models/deepseek_v41/model.py", "check_tokens")}
-ONCE_PER_MOE_LAYER = ("models/deepseek_v41/moe.py", "forward")
+ONCE_PER_STEP = {("vllm/cache.py", "verify"), TOKEN_CHECK}
 BLOCK_SIZE = 16
-
-
-class HostReadWatch(TorchFunctionMode):
-    """Counts host reads of tensors by the package function that made them; the op kernels' own are skipped
-    (on a GPU they run the device backends, not these references)."""
-
-    def __init__(self):
-        super().__init__()
-        self.sites: Counter = Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in HOST_READS:
-            frame = sys._getframe(1)
-            while frame and not frame.f_code.co_filename.startswith(str(PACKAGE)):
-                frame = frame.f_back
-            if frame is not None:
-                where = Path(frame.f_code.co_filename).relative_to(PACKAGE).as_posix()
-                if not where.startswith("ops/"):
-                    self.sites[(where, frame.f_code.co_name)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 class PagedCaches:

@@ -1,0 +1,36 @@
+"""A watch for host reads of tensors (``.item()``, ``.tolist()``, ``int()``, ...) made by DeepInfer's code: on a
+GPU each one stalls the host until the device has finished its queue, so the engine adapters allow them only a
+fixed number of times per step. Used by the vLLM and SGLang adapter tests; needs neither engine."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+from torch.overrides import TorchFunctionMode
+
+PACKAGE = Path(__import__("deepinfer_plugins").__file__).parent
+HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__"}
+ONCE_PER_MOE_LAYER = ("models/deepseek_v41/moe.py", "forward")  # the routed experts' token counts
+TOKEN_CHECK = ("models/deepseek_v41/model.py", "check_tokens")
+
+
+class HostReadWatch(TorchFunctionMode):
+    """Counts host reads of tensors by the package function that made them (path relative to the package, function
+    name); the op kernels' own are skipped (on a GPU they run the device backends, not these references)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in HOST_READS:
+            frame = sys._getframe(1)
+            while frame and not frame.f_code.co_filename.startswith(str(PACKAGE)):
+                frame = frame.f_back
+            if frame is not None:
+                where = Path(frame.f_code.co_filename).relative_to(PACKAGE).as_posix()
+                if not where.startswith("ops/"):
+                    self.sites[(where, frame.f_code.co_name)] += 1
+        return func(*args, **(kwargs or {}))
