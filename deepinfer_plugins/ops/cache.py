@@ -122,3 +122,9 @@ def cache_gather(cache: torch.Tensor, slots: torch.Tensor, fmt: str, dim: int, d
     rows = unpack_cache_records.reference(cache[flat.clamp(min=0)], fmt, dim, dtype)  # [n, dim]
     rows = torch.where((flat >= 0)[:, None], rows, torch.zeros((), dtype=dtype, device=rows.device))
     return rows.reshape(*slots.shape, dim)
+
+
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host-built index tensor on ``device``, copied from pinned memory so that the host does not wait (a plain
+    copy to a GPU waits for the device to finish its queue)."""
+    return host if torch.device(device).type == "cpu" else host.pin_memory().to(device, non_blocking=True)

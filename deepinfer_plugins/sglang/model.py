@@ -43,9 +43,9 @@ from torch import nn
 from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, CompressedKV,
-                                             MappedRecords, to_device, window_positions)
+                                             MappedRecords, window_positions)
 from ..ops import cache_write
-from ..ops.cache import record_bytes
+from ..ops.cache import record_bytes, to_device
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,15 @@ class SlotStep:
         new, window, _, _ = self.plan(chunks)
         cache_write(self.store.window[layer], new, latents, WINDOW_FORMAT)
         return self.store.window[layer], window
+
+    def index_key_slots(self, source_layer: int, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        _, _, slot_lists, _ = self.plan(chunks)
+        ratio = self.store.args.layer_ratios[source_layer]
+        counts = [c.state.compressed(source_layer).num_entries for c in chunks]
+        entries = torch.arange(max(counts), device=slot_lists.device)
+        slots = slot_lists[:, (entries * ratio + ratio - 1).clamp(max=max(slot_lists.shape[1] - 1, 0))]
+        known = to_device(torch.tensor(counts), slot_lists.device)
+        return self.store.index_keys[source_layer], torch.where(entries[None, :] < known[:, None], slots, -1)
 
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,8 +35,8 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, MappedRecords,
-                                            SequenceChunk, oldest_window_key, to_device, window_positions)
-from ..ops.cache import record_bytes
+                                            SequenceChunk, oldest_window_key, window_positions)
+from ..ops.cache import record_bytes, to_device
 
 CACHE_DTYPE = torch.uint8
 ROW_ALIGN = 16  # bytes: rows start 16-byte aligned (vectorised and cp.async loads of records)
@@ -339,7 +339,7 @@ class PagedStep:
     context rows to check, each query's window) are computed once per table, from one copy of host-built
     positions, and reused by every layer of the group: a layer then costs one position gather, one record write
     and one metadata write, whatever the number of requests. Compressed entries are looked up for all query rows
-    at once through the table of their ratio's owner."""
+    and the index keys of every request at once, through the table of their ratio's owner."""
 
     def __init__(self, args: ModelArgs, windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict,
                  audit: StoredPositions):
@@ -370,6 +370,15 @@ class PagedStep:
         requests = self.query_requests(chunks, table.device)[:, None].expand_as(entries)
         slots = owner.batch_slots(table, requests, entries.clamp(min=0))
         return owner.entry_columns(source_layer), torch.where(entries >= 0, slots, -1)
+
+    def index_key_slots(self, source_layer: int, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        owner = self.compressed_owner[source_layer]
+        table = self.metadata[owner.layer_name].block_table
+        counts = [c.state.compressed(source_layer).num_entries for c in chunks]
+        requests, known = to_device(torch.tensor([[c.state.request for c in chunks], counts]), table.device)
+        entries = torch.arange(max(counts), device=table.device)
+        slots = owner.batch_slots(table, requests[:, None], entries[None, :])
+        return owner.key_columns(source_layer), torch.where(entries[None, :] < known[:, None], slots, -1)
 
     def query_requests(self, chunks: list[SequenceChunk], device: torch.device) -> torch.Tensor:
         """The request of every query row [query rows], copied to the device once per step."""

@@ -134,5 +134,6 @@ def test_a_window_row_holding_another_position_fails_the_step(core_model, layer)
             meta, slot_of = caches.window_positions(layer, request=1)
             meta[slot_of(5), 1] = 1000  # request 1 decodes position 11 in step 3: its window reaches back to 4
 
-    with pytest.raises(RuntimeError, match=f"layer {layer}: paged window cache does not hold position 5 \\(found 1000\\)"):
+    wrong = f"layer {layer}: paged window cache does not hold position 5 \\(found 1000\\)"
+    with pytest.raises(RuntimeError, match=wrong):
         run(core_model, schedule(decode_steps=3), torch.Generator().manual_seed(2), before_step=overwrite)

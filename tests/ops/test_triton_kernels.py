@@ -282,6 +282,26 @@ def test_indexer_topk_records_selects_the_reference_ids(gen):
         assert_bits_equal(got, indexer.indexer_topk(q, w, keys, visible, 16, cand))
 
 
+def test_indexer_records_of_a_batch_of_sequences(gen):
+    """Several sequences in one call: each sequence's rows score its own keys (key_slots [B, N], -1 past its
+    entries), query tiles never spanning two sequences (a prefill of 5 rows among decodes), with the reference's
+    scores and ids; an all-padding sequence scores 0 everywhere."""
+    counts, entries = [1, 5, 1, 2, 1], [40, 70, 3, 70, 0]
+    q = torch.randint(-2, 3, (sum(counts), 32, 128), generator=gen).float()
+    w = torch.rand(sum(counts), 32, generator=gen).round()
+    records, slots = records_of(torch.randint(-2, 3, (sum(entries), 128), generator=gen).float(), gen)
+    key_slots = torch.full((len(counts), max(entries)), -1)
+    for b, (start, n) in enumerate(zip([0, 40, 110, 113, 183], entries)):
+        key_slots[b, :n] = slots[start: start + n]
+    got = indexer.indexer_scores_records(q, w, records, key_slots, counts)
+    assert_bits_equal(got, ops.indexer_scores_records.reference(q, w, records, key_slots, counts))
+    assert_bits_equal(got[-1], torch.zeros(max(entries)))
+    visible = torch.tensor([40, 60, 61, 62, 63, 70, 3, 69, 70, 0])
+    for cand in (None, torch.rand(len(visible), max(entries), generator=gen) < 0.7):
+        assert_bits_equal(indexer.indexer_topk_records(q, w, records, key_slots, visible, 16, cand, counts),
+                          ops.indexer_topk_records.reference(q, w, records, key_slots, visible, 16, cand, counts))
+
+
 def test_indexer_records_without_entries(gen):
     """A source with no compressed entry yet (N = 0): no scores, every selected slot -1."""
     q, w = torch.randn(3, 32, 128, generator=gen), torch.randn(3, 32, generator=gen)

@@ -245,7 +245,12 @@ def _launches() -> list[Launch]:
             z(b, 32), z(n_keys, 68, dtype=torch.uint8), torch.arange(n_keys))
         add(f"indexer_scores_records V4.1 b={b} vLLM rows", indexer.indexer_scores_records,
             z(b, 32, 128, dtype=bf16), z(b, 32), z(n_keys, 384, dtype=torch.uint8)[:, 288:356], torch.arange(n_keys))
+        add(f"indexer_scores_records V4.1 {b} sequences", indexer.indexer_scores_records,
+            z(b, 32, 128, dtype=bf16), z(b, 32), z(n_keys, 68, dtype=torch.uint8),
+            torch.zeros(b, n_keys // b, dtype=torch.long), [1] * b)
         add(f"topk_indices V4.1 b={b}", indexer.topk_indices, z(b, n_keys), 512)
+    add("indexer_scores_records prefill among decodes", indexer.indexer_scores_records, z(8, 32, 128, dtype=bf16),
+        z(8, 32), z(200, 68, dtype=torch.uint8), torch.zeros(4, 50, dtype=torch.long), [5, 1, 1, 1])
     for k in (1, 5, 16, 300):
         add(f"topk_indices k={k}", indexer.topk_indices, z(6, 130), k)
     add("candidate_mask", indexer.candidate_mask, z(4, 70), torch.tensor([70, 33, 0, 1]), 8, 3)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
-from deepinfer_plugins.ops.indexer import masked_indexer_scores, record_keys
+from deepinfer_plugins.ops.indexer import hide_scores
 
 from ..conftest import prompt
 
@@ -64,9 +63,10 @@ def torch_candidate_mask(scores, visible, block_size, top_blocks):
     return keep.repeat_interleave(block_size, 1)[:, :n]
 
 
-def torch_indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, candidates=None):
-    keys = record_keys(q, key_records, key_slots)
-    return torch_topk_indices(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)
+def torch_indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, candidates=None,
+                               query_counts=None):
+    scores = ops.indexer_scores_records.reference(q, head_weights, key_records, key_slots, query_counts)
+    return torch_topk_indices(hide_scores(scores, visible, candidates), k)
 
 
 ops.registry.register_backend("topk_indices", "torch_topk", torch_topk_indices)
@@ -123,9 +123,10 @@ def test_tie_order_is_the_only_difference(tmp_path):
         scores_seen.append(scores)
         return original(scores, k)
 
-    def recording_indexer_topk(q, head_weights, key_records, key_slots, visible, k, candidates=None):
-        keys = record_keys(q, key_records, key_slots)
-        return recording(masked_indexer_scores(q, head_weights, keys, visible, candidates), k)
+    def recording_indexer_topk(q, head_weights, key_records, key_slots, visible, k, candidates=None,
+                               query_counts=None):
+        scores = ops.indexer_scores_records.reference(q, head_weights, key_records, key_slots, query_counts)
+        return recording(hide_scores(scores, visible, candidates), k)
 
     ops.registry.register_backend("topk_indices", "recording", recording)
     ops.registry.register_backend("indexer_topk_records", "recording", recording_indexer_topk)

@@ -66,6 +66,13 @@ class PerSequenceStore:
             parts.append((records, torch.where(wanted >= first, slots[(wanted - first).clamp(min=0)], -1)))
         return one_table(parts)
 
+    def index_key_slots(self, source_layer: int, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = []
+        for chunk in chunks:
+            keys = chunk.state.compressed(source_layer).index_keys
+            parts.append((keys.records, keys.slots(torch.arange(keys.length, device=keys.records.device))[None, :]))
+        return one_table(parts)
+
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = []
@@ -189,9 +196,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
         """x [rows, d] (normed attention input of every key row) -> [query rows, d].
 
-        Projections, RoPE, the compressor's inputs and the attention itself run once over the rows of every
-        chunk. Window writes and slot lookups run once per layer where the states share a ``batch_store``
-        (engines), else once per sequence; the compressor's pooling and the indexer stay per sequence."""
+        Projections, RoPE, the compressor's inputs, the indexer and the attention itself run once over the rows
+        of every chunk. Window writes and slot lookups run once per layer where the states share a
+        ``batch_store`` (engines), else once per sequence; the compressor's pooling stays per sequence."""
         all_key_pos = key_positions(chunks, x.device)
         key_pos = all_key_pos.split([chunk.num_rows for chunk in chunks])
         query_pos = [pos[chunk.num_rows - chunk.num_query_rows:] for pos, chunk in zip(key_pos, chunks)]
@@ -200,28 +207,20 @@ class Attention(nn.Module):
         all_query_pos = torch.cat(query_pos)
         q, q_latent = self.queries(x_query, all_query_pos)
         latents = self.window_latents(torch.cat(key_rows), all_key_pos)
-        query_counts = [chunk.num_query_rows for chunk in chunks]
-        index_queries = [None] * len(chunks)
-        if self.is_index_source:
-            q_index, weights = self.indexer.queries(x_query, q_latent, all_query_pos, self.rotate)
-            index_queries = list(zip(q_index.split(query_counts), weights.split(query_counts)))
         compressor_inputs = [None] * len(chunks)
         if self.is_kv_source and self.ratio > 1:
             values, gates = self.compressor.token_inputs(torch.cat(key_rows))
             row_counts = [chunk.num_rows for chunk in chunks]
             compressor_inputs = list(zip(values.split(row_counts), gates.split(row_counts)))
-        selected = []
-        for chunk, rows, q_pos, inputs, chunk_index_queries in zip(chunks, key_rows, query_pos, compressor_inputs,
-                                                                   index_queries):
-            if self.is_kv_source:
+        if self.is_kv_source:
+            for chunk, rows, inputs in zip(chunks, key_rows, compressor_inputs):
                 self.publish_compressed(rows, chunk, inputs)
-            if self.ratio:
-                selected.append(self.select_compressed(chunk_index_queries, q_pos, chunk))
         store = getattr(chunks[0].state, "batch_store", None) or PerSequenceStore(self.window)
         window_cache, window_slots = store.window_keys(self.layer_id, latents, chunks)
         if self.ratio:
+            source = self.args.kv_source_of[self.layer_id]
             compressed_cache, compressed_slots = store.compressed_slots(
-                self.args.kv_source_of[self.layer_id], torch.cat(selected), chunks)
+                source, self.select_compressed(x_query, q_latent, all_query_pos, source, store, chunks), chunks)
         else:
             compressed_cache = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
                                            device=x.device)
@@ -230,13 +229,19 @@ class Attention(nn.Module):
                                          self.attn_sink, self.softmax_scale)
         return self.project_out(self.rotate(o, all_query_pos, inverse=True))
 
-    def select_compressed(self, index_queries, query_pos, chunk: SequenceChunk) -> torch.Tensor:
-        """Compressed entry ids [q, index_topk] for each query: indexed here (``index_queries``: this chunk's
-        ``Indexer.queries``) or reused from the last index source."""
+    def select_compressed(self, x_query: torch.Tensor, q_latent: torch.Tensor, query_pos: torch.Tensor, source: int,
+                          store, chunks: list[SequenceChunk]) -> torch.Tensor:
+        """Compressed entry ids [query rows, index_topk] of every query row: indexed here for the whole batch in
+        one call, or reused from the last index source (each chunk keeps its rows' ids in ``published``)."""
+        query_counts = [chunk.num_query_rows for chunk in chunks]
         if self.is_index_source:
-            source = chunk.state.compressed(self.args.kv_source_of[self.layer_id])
-            chunk.published["topk"] = self.indexer(*index_queries, query_pos, source, chunk.published)
-        return chunk.published["topk"][-chunk.num_query_rows:]
+            q_index, weights = self.indexer.queries(x_query, q_latent, query_pos, self.rotate)
+            key_records, key_slots = store.index_key_slots(source, chunks)
+            selected = self.indexer(q_index, weights, query_pos, key_records, key_slots, chunks)
+            for chunk, ids in zip(chunks, selected.split(query_counts)):
+                chunk.published["topk"] = ids
+            return selected
+        return torch.cat([chunk.published["topk"][-chunk.num_query_rows:] for chunk in chunks])
 
     def project_out(self, o: torch.Tensor) -> torch.Tensor:
         """o [n, heads, head_dim] -> grouped low-rank wo_a (one block per group of heads) -> wo_b -> [n, d]."""

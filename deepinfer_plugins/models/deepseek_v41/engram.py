@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ... import ops
+from ...ops.cache import to_device
 from .args import ModelArgs
-from .kv_cache import to_device
 from .linear import Linear
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from ... import ops
 from .args import ModelArgs
-from .kv_cache import CompressedKV
+from .kv_cache import SequenceChunk
 from .linear import Linear
 from .norm import RMSNorm
 
@@ -45,21 +45,25 @@ class Indexer(nn.Module):
         q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
         return q, self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
 
-    def forward(self, q: torch.Tensor, head_weights: torch.Tensor, positions: torch.Tensor, source: CompressedKV,
-                published: dict) -> torch.Tensor:
-        """One sequence's ``queries`` [q, ...] -> selected entry ids [q, index_topk] ascending, -1 padded."""
-        index_keys = source.index_keys  # scored as stored: the kernels decode each 68 B mxfp4 record in registers
-        records = index_keys.records  # [S, 68] uint8, possibly row-strided
-        slots = index_keys.slots(torch.arange(index_keys.length, device=records.device))  # [N]: row of entry n
+    def forward(self, q: torch.Tensor, head_weights: torch.Tensor, positions: torch.Tensor, key_records: torch.Tensor,
+                key_slots: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
+        """``queries`` [T, ...] of the query rows of every chunk -> selected entry ids [T, index_topk] ascending,
+        -1 padded; one call for the whole batch. key_slots [chunks, N]: the rows of ``key_records`` (mxfp4
+        records, scored as stored: the kernels decode each 68 B record in registers) holding each chunk's index
+        keys, -1 past its entries."""
+        query_counts = [chunk.num_query_rows for chunk in chunks]
         visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
         if not self.is_candidate_source:  # selection only: one fused op (Ascend: npu_lightning_indexer)
-            candidates = published["candidates"][-q.shape[0]:] if self.uses_candidates else None
-            return ops.indexer_topk_records(q, head_weights, records, slots, visible, self.args.index_topk,
-                                            candidates)
+            candidates = torch.cat([chunk.published["candidates"][-chunk.num_query_rows:] for chunk in chunks]) \
+                if self.uses_candidates else None
+            return ops.indexer_topk_records(q, head_weights, key_records, key_slots, visible, self.args.index_topk,
+                                            candidates, query_counts)
         # the candidate source also publishes its block pre-filter, which needs the scores themselves
-        scores = ops.indexer_scores_records(q, head_weights, records, slots)  # [q, N]
+        scores = ops.indexer_scores_records(q, head_weights, key_records, key_slots, query_counts)  # [T, N]
         entry = torch.arange(scores.shape[1], device=scores.device)
         scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
-        published["candidates"] = ops.candidate_mask(
-            scores, visible, self.args.candidate_block_size, self.args.candidate_topk_blocks)
+        candidates = ops.candidate_mask(scores, visible, self.args.candidate_block_size,
+                                        self.args.candidate_topk_blocks)
+        for chunk, rows in zip(chunks, candidates.split(query_counts)):
+            chunk.published["candidates"] = rows
         return ops.topk_indices(scores, self.args.index_topk)

@@ -27,7 +27,7 @@ from typing import Callable, Protocol
 import torch
 
 from ... import ops
-from ...ops.cache import record_bytes
+from ...ops.cache import record_bytes, to_device
 from .args import ModelArgs
 
 WINDOW_FORMAT, COMPRESSED_FORMAT, INDEX_KEY_FORMAT = "fp8_window", "nvfp4", "mxfp4"  # spec §8.1-8.3
@@ -35,13 +35,18 @@ WINDOW_FORMAT, COMPRESSED_FORMAT, INDEX_KEY_FORMAT = "fp8_window", "nvfp4", "mxf
 
 class BatchStore(Protocol):
     """A batch's cache reads and writes for one layer at a time, where its sequences share tables (engines): a
-    layer's window writes and slot lookups then cost a few batched ops, not some per sequence."""
+    layer's window writes and slot lookups then cost a few batched ops, not some per sequence, and the indexer
+    scores every sequence in one call."""
 
     def window_keys(self, layer: int, latents: torch.Tensor,
                     chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's window latents [key rows of every chunk, head_dim] (unquantised: written as
         fp8_window records) -> (records [S, R] uint8, possibly a row-strided view; each query row's window slots
         [query rows, W], -1 = none): the records of the positions within ``sliding_window`` up to the row's own."""
+
+    def index_key_slots(self, source_layer: int, chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The index keys of KV source ``source_layer`` -> (their mxfp4 records [S, R] uint8, possibly a
+        row-strided view; slots [chunks, N]: row n of chunk b holds its entry n's key, -1 past its entries)."""
 
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,12 +336,6 @@ class SequenceChunk:
     @property
     def first_query_pos(self) -> int:
         return self.start_pos + self.num_rows - self.num_query_rows
-
-
-def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host-built index tensor on ``device``, copied from pinned memory so that the host does not wait (a plain
-    copy to a GPU waits for the device to finish its queue)."""
-    return host if torch.device(device).type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
 def key_positions(chunks: list[SequenceChunk], device: torch.device | str) -> torch.Tensor:

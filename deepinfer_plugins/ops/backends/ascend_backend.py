@@ -29,7 +29,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     to fp32 rounding, which can swap two experts whose biased scores are that close. The router is [T, 256] with
     k = 6: a few torch ops, not worth an inexact selection.
   * indexer_topk -> npu_lightning_indexer, opt-in with DEEPINFER_ASCEND_LIGHTNING_INDEXER=1. Each query is its own
-    batch (BSND, S1 = 1) over one paged copy of the key pool (PA_BSND, every block table row the same pages),
+    batch (BSND, S1 = 1) over one paged copy of the key pool (PA_BSND, every block table row naming the pages of
+    its own sequence's keys: the same pages for one sequence, a page set per sequence for a batch),
     actual_seq_lengths_key = visible, sparse_mode 0, sparse_count = k; the ids come back [T, 1, 1, k] int32.
     Documented: the formula (our indexer_scores), N1 <= 64, D = 128, key block size a multiple of 16 up to 1024,
     sparse_count <= 2048, per-batch (not cumulative) key lengths for PA_BSND. Not documented, hence opt-in: how a
@@ -39,7 +40,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     candidate mask, which the op cannot take, are declined. q and keys are cast to bf16, exact for the
     MXFP4-quantised values the op contract promises (2 mantissa bits).
   * indexer_topk_records -> the keys decoded from their mxfp4 records (``cache_gather``), then the indexer_topk
-    mapping above, under the same opt-in: the op takes float keys only. A call the mapping would decline is
+    mapping above, under the same opt-in: the op takes float keys only (a batch of sequences decodes key_slots
+    [B, N], -1 to zero keys that lie past every row's visible entries). A call the mapping would decline is
     declined before the decode.
   * fp8_fake_quant / mxfp4_fake_quant -> npu_dynamic_mx_quant (block 32, round mode "rint"), opt-in with
     DEEPINFER_ASCEND_MX_QUANT=1 because whether its UE8M0 rule is DeepGEMM's ceil (ours) or OCP's floor is not
@@ -110,17 +112,24 @@ def _lightning_indexer_takes(q, n_entries, k, candidates) -> bool:
 
 
 def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
-    t, _, dim = q.shape
-    n_entries = keys.shape[0]
-    if not _lightning_indexer_takes(q, n_entries, k, candidates):
+    if not _lightning_indexer_takes(q, keys.shape[0], k, candidates):
         return NotImplemented
+    return _lightning_select(q, head_weights, keys[None], visible, k, [q.shape[0]])
+
+
+def _lightning_select(q, head_weights, keys, visible, k, query_counts):
+    """keys [B, N, dim] of B sequences, the rows of sequence b the next query_counts[b] of q: each sequence's keys
+    on pages of their own, each query row's block table naming its sequence's pages."""
+    t, _, dim = q.shape
+    n_seqs, n_entries = keys.shape[:2]
     n_pages = -(-n_entries // PAGE_ROWS)
-    pages = keys.new_zeros(n_pages * PAGE_ROWS, dim, dtype=torch.bfloat16)
-    pages[:n_entries] = keys
-    block_table = torch.arange(n_pages, dtype=torch.int32, device=q.device).expand(t, n_pages).contiguous()
+    pages = keys.new_zeros(n_seqs, n_pages * PAGE_ROWS, dim, dtype=torch.bfloat16)
+    pages[:, :n_entries] = keys
+    first_page = torch.repeat_interleave(torch.arange(n_seqs) * n_pages, torch.tensor(query_counts))
+    block_table = (first_page[:, None] + torch.arange(n_pages)).to(torch.int32).to(q.device)
     key_lengths = visible.clamp(0, n_entries).to(torch.int32)
     ids, _ = _npu().npu_lightning_indexer(
-        q.to(torch.bfloat16).unsqueeze(1).contiguous(), pages.view(n_pages, PAGE_ROWS, 1, dim),
+        q.to(torch.bfloat16).unsqueeze(1).contiguous(), pages.view(n_seqs * n_pages, PAGE_ROWS, 1, dim),
         head_weights.float().unsqueeze(1).contiguous(),
         actual_seq_lengths_query=torch.ones(t, dtype=torch.int32, device=q.device),
         actual_seq_lengths_key=key_lengths, block_table=block_table, layout_query="BSND", layout_key="PA_BSND",
@@ -131,11 +140,12 @@ def indexer_topk(q, head_weights, keys, visible, k, candidates=None):
     return torch.where(ids == n_entries, -1, ids)
 
 
-def indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, candidates=None):
-    if not _lightning_indexer_takes(q, key_slots.shape[0], k, candidates):
+def indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, candidates=None, query_counts=None):
+    if not _lightning_indexer_takes(q, key_slots.shape[-1], k, candidates):
         return NotImplemented
-    keys = cache_gather(key_records, key_slots, "mxfp4", q.shape[-1], q.dtype)
-    return indexer_topk(q, head_weights, keys, visible, k)
+    batch = key_slots if query_counts is not None else key_slots[None]  # [sequences, N]
+    keys = cache_gather(key_records, batch, "mxfp4", q.shape[-1], q.dtype)  # slot -1: a zero key
+    return _lightning_select(q, head_weights, keys, visible, k, query_counts or [q.shape[0]])
 
 
 def _mx_fake_quant(x, block, dst_type):

@@ -280,6 +280,23 @@ def test_indexer_topk_records_decodes_then_calls_the_lightning_indexer(npu):
     assert torch.equal(got, ascend_backend.indexer_topk(q, weights, keys, visible, 16))
 
 
+def test_indexer_topk_records_of_a_batch_gives_each_row_its_sequence_pages(npu):
+    """Three sequences in one call (the model's batched indexer): every query row's block table names the pages
+    of its own sequence, and the ids equal the reference's on each sequence's own keys."""
+    q, weights, keys, _ = indexer_case()
+    records, slots = in_record_rows(keys)
+    key_slots = torch.full((3, 300), -1)
+    key_slots[0, :300], key_slots[1, :40], key_slots[2, :170] = slots, slots[200:240], slots[:170]
+    counts, visible = [2, 1, 3], torch.tensor([300, 120, 40, 0, 100, 170])
+    got = ascend_backend.indexer_topk_records(q, weights, records, key_slots, visible, 16, None, counts)
+    call = npu.calls[-1]
+    assert call["key"] == ((9, 128, 1, 128), torch.bfloat16) and call["block_table"] == ((6, 3), torch.int32)
+    assert torch.equal(got, ops.indexer_topk_records.reference(q, weights, records, key_slots, visible, 16, None,
+                                                               counts))
+    assert torch.equal(got[2:3], ops.indexer_topk_records.reference(q[2:3], weights[2:3], records, slots[200:240],
+                                                                    visible[2:3], 16))
+
+
 @pytest.mark.parametrize("heads,n,k,with_candidates", [(8, 40, 16, True), (72, 40, 16, False), (8, 0, 16, False),
                                                        (8, 40, 3072, False)])
 def test_indexer_topk_records_outside_the_op_limits_is_declined(npu, heads, n, k, with_candidates):

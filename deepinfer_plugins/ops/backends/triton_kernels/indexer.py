@@ -6,14 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ...cache import record_bytes
+from ...cache import record_bytes, to_device
 from .common import INTERPRETED, e2m1_decode, empty, next_pow2, ue8m0_decode
 
 
 @triton.jit
-def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, out_ptr, T, H, D, N, key_stride, TB: tl.constexpr,
-                           HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
-                           BF16_DOT: tl.constexpr, RECORDS: tl.constexpr, SB: tl.constexpr):
+def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, tile_ptr, out_ptr, T, H, D, N, key_stride,
+                           TB: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
+                           BF16_DOT: tl.constexpr, RECORDS: tl.constexpr, SB: tl.constexpr, TILES: tl.constexpr):
     """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for TB query rows and BN keys.
 
     The TB * HP (row, head) pairs form one matrix against the key tile, so every key tile read from memory
@@ -27,17 +27,30 @@ def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, out_ptr, T, H, D, N, k
     bytes apart, decoded in registers to the value ``cache_gather`` gives in q's dtype: the same key tile as the
     float path, so the same scores bit for bit, from 68 B per key at D = 128 instead of a decoded copy written and
     read again. Each byte is loaded once and split into its two channels (tl.join), and each scale once per
-    block: loading per channel kept two 64-bit address tiles live and spilled at BN = 64 (255 registers)."""
-    rows = tl.program_id(0) * TB + tl.arange(0, TB)  # [TB] query rows
+    block: loading per channel kept two 64-bit address tiles live and spilled at BN = 64 (255 registers).
+
+    With TILES, a batch of sequences: program i takes the query tile (sequence b, first row, rows) of row i of
+    the int32 tile table, whose rows score the key slots of row b of slot [B, N]; a tile never spans two
+    sequences, so its key tile is shared as above. Slot -1 is no key (score 0)."""
+    if TILES:
+        tile = tile_ptr + 3 * tl.program_id(0)
+        rows = tl.load(tile + 1) + tl.arange(0, TB)  # [TB] query rows
+        row_ok = tl.arange(0, TB) < tl.load(tile + 2)
+        slot_ptr += tl.load(tile).to(tl.int64) * N
+    else:
+        rows = tl.program_id(0) * TB + tl.arange(0, TB)
+        row_ok = rows < T
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     h = tl.arange(0, HP)
     nmask = n < N
     if RECORDS:
-        key_row = k_ptr + tl.load(slot_ptr + n, mask=nmask, other=0).to(tl.int64) * key_stride  # [BN] records
+        slot = tl.load(slot_ptr + n, mask=nmask, other=-1)
+        nmask = slot >= 0
+        key_row = k_ptr + tl.maximum(slot, 0).to(tl.int64) * key_stride  # [BN] records
     else:
         key_row = k_ptr + n.to(tl.int64) * key_stride
     pair_row = (rows[:, None] * H + h[None, :]).to(tl.int64)  # [TB, HP] rows of q viewed as [T * H, D]
-    pair_mask = (rows[:, None] < T) & (h[None, :] < H)
+    pair_mask = row_ok[:, None] & (h[None, :] < H)
     pair_row = tl.reshape(pair_row, [TB * HP])
     pair_mask = tl.reshape(pair_mask, [TB * HP])
     w = tl.load(w_ptr + pair_row, mask=pair_mask, other=0.0).to(tl.float32)  # [TB * HP]
@@ -64,24 +77,37 @@ def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, out_ptr, T, H, D, N, k
     weighted = tl.reshape(tl.maximum(dots, 0.0) * w[:, None], [TB, HP, BN])
     score = tl.sum(weighted, axis=1)  # [TB, BN]
     tl.store(out_ptr + rows[:, None].to(tl.int64) * N + n[None, :], score,
-             mask=(rows[:, None] < T) & (n[None, :] < N))
+             mask=row_ok[:, None] & (n[None, :] < N))
+
+
+def query_tiles(query_counts: list[int], tb: int) -> torch.Tensor:
+    """int32 [tiles, 3] (sequence, first row, rows): each sequence's query rows cut into tiles of at most tb."""
+    tiles, first = [], 0
+    for sequence, count in enumerate(query_counts):
+        tiles += [(sequence, first + start, min(tb, count - start)) for start in range(0, count, tb)]
+        first += count
+    return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 3)
 
 
 def _scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, n: int, key_stride: int,
-            slots: torch.Tensor | None) -> torch.Tensor:
-    """Launches the scoring kernel over n keys: float rows of ``keys``, or mxfp4 records keys[slots]."""
+            slots: torch.Tensor | None, query_counts: list[int] | None = None) -> torch.Tensor:
+    """Launches the scoring kernel over n keys: float rows of ``keys``, or mxfp4 records keys[slots] ([n], or
+    [B, n] for a batch of sequences with ``query_counts`` rows each)."""
     t, h, d = q.shape
     out = empty((t, n), torch.float32, q.device)
     if t == 0 or n == 0:
         return out
     hp = max(16, next_pow2(h))
-    tb = max(1, min(next_pow2(t), 128 // hp)) if not INTERPRETED else next_pow2(t)
+    rows = max(query_counts) if query_counts is not None else t  # the most rows that share keys
+    tb = max(1, min(next_pow2(rows), 128 // hp)) if not INTERPRETED else next_pow2(rows)
     bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
     dp = max(16, next_pow2(d))
-    _indexer_scores_kernel[(triton.cdiv(t, tb), triton.cdiv(n, bn))](
-        q.contiguous(), head_weights.contiguous(), keys, slots if slots is not None else keys, out, t, h, d, n,
-        key_stride, TB=tb, HP=hp, DP=dp, BD=dp if INTERPRETED else min(dp, 64), BN=bn, BF16_DOT=not INTERPRETED,
-        RECORDS=slots is not None, SB=min(32, d))
+    tiles = to_device(query_tiles(query_counts, tb), q.device) if query_counts is not None else None
+    _indexer_scores_kernel[(triton.cdiv(t, tb) if tiles is None else tiles.shape[0], triton.cdiv(n, bn))](
+        q.contiguous(), head_weights.contiguous(), keys, slots if slots is not None else keys,
+        tiles if tiles is not None else keys, out, t, h, d, n, key_stride, TB=tb, HP=hp, DP=dp,
+        BD=dp if INTERPRETED else min(dp, 64), BN=bn, BF16_DOT=not INTERPRETED, RECORDS=slots is not None,
+        SB=min(32, d), TILES=tiles is not None)
     return out
 
 
@@ -92,10 +118,11 @@ def indexer_scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tens
 
 
 def indexer_scores_records(q: torch.Tensor, head_weights: torch.Tensor, key_records: torch.Tensor,
-                           key_slots: torch.Tensor) -> torch.Tensor:
+                           key_slots: torch.Tensor, query_counts: list[int] | None = None) -> torch.Tensor:
     """``indexer_scores`` with key n the mxfp4 record key_records[key_slots[n]] (uint8 [S, record_bytes], rows may
-    be strided; only the bytes within a row must be dense), decoded in the kernel. Declined (the reference
-    runs it) where the scale block min(32, d) is no power of two that divides d: the kernel tiles by it."""
+    be strided; only the bytes within a row must be dense), decoded in the kernel; a batch of sequences with
+    key_slots [B, N] and ``query_counts`` (see the reference). Declined (the reference runs it) where the scale
+    block min(32, d) is no power of two that divides d: the kernel tiles by it."""
     d = q.shape[-1]
     block = min(32, d)
     if d % block or block < 2 or block & (block - 1):
@@ -105,7 +132,8 @@ def indexer_scores_records(q: torch.Tensor, head_weights: torch.Tensor, key_reco
             or key_records.stride(1) != 1):
         raise ValueError(f"key records must be a uint8 [slots, {width}] table dense within a row for index head dim "
                          f"{d}; got {key_records.dtype} {tuple(key_records.shape)} strides {key_records.stride()}")
-    return _scores(q, head_weights, key_records, key_slots.shape[0], key_records.stride(0), key_slots.contiguous())
+    return _scores(q, head_weights, key_records, key_slots.shape[-1], key_records.stride(0), key_slots.contiguous(),
+                   query_counts)
 
 
 @triton.jit
@@ -231,7 +259,7 @@ def indexer_topk(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor
 
 def indexer_topk_records(q: torch.Tensor, head_weights: torch.Tensor, key_records: torch.Tensor,
                          key_slots: torch.Tensor, visible: torch.Tensor, k: int,
-                         candidates: torch.Tensor | None = None) -> torch.Tensor:
+                         candidates: torch.Tensor | None = None, query_counts: list[int] | None = None) -> torch.Tensor:
     """``indexer_topk`` with the keys decoded from their mxfp4 records inside the scoring kernel."""
-    scores = indexer_scores_records(q, head_weights, key_records, key_slots)
+    scores = indexer_scores_records(q, head_weights, key_records, key_slots, query_counts)
     return scores if scores is NotImplemented else _select(scores, visible, k, candidates)
