@@ -24,7 +24,7 @@ import torch
 from deepinfer_plugins import ops
 
 EXACT_OPS = {"fp8_fake_quant", "nvfp4_fake_quant", "mxfp4_fake_quant", "cache_write", "topk_indices",
-             "indexer_topk", "engram_gather", "rope"}
+             "indexer_topk", "indexer_topk_records", "engram_gather", "rope"}
 SPARSE_ROWS = (1, 8, 64, 384)  # decode batches, and 64 sequences x 6 DSpark verification rows
 
 
@@ -165,6 +165,14 @@ def cases(device: str, quick: bool) -> list[Case]:
     visible = torch.full((b,), n_keys, device=device)
     out.append(Case("indexer_topk", [(qi, rnd(b, 32, dtype=torch.float32), keys, visible, 512)],
                     n_keys * 128 * 2 + b * 512 * 8, b * 2 * 32 * 128 * n_keys))
+    # the model's indexer call: every decode row of a batch scores its own sequence's mxfp4 key records
+    per_sequence = n_keys // 8
+    key_table = ops.pack_cache_records(ops.mxfp4_fake_quant(rnd(b * per_sequence, 128)), "mxfp4")
+    key_slots = torch.randperm(b * per_sequence, generator=g).view(b, per_sequence).to(device)
+    out.append(Case("indexer_topk_records[batch]", [(qi, rnd(b, 32, dtype=torch.float32), key_table, key_slots,
+                                                     torch.full((b,), per_sequence, device=device), 512, None,
+                                                     [1] * b)],
+                    b * per_sequence * 68 + b * 512 * 8, b * 2 * 32 * 128 * per_sequence))
     # shared-expert up projection (FP8, 32x32 block scales) and a routed expert's (FP4): 5120 -> 2304
     w8, s8 = ops.quantize_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.02)
     w4, s4 = ops.quantize_fp4_weight(torch.randn(2304, 5120, generator=g) * 0.02)
