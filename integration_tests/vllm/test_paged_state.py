@@ -12,63 +12,15 @@ counts (once per MoE layer). A read per request or per layer anywhere else fails
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from deepinfer_plugins.models.deepseek_v41.moe import MoE
-from deepinfer_plugins.vllm.cache import PagedMetadata, StoredPositions, make_cache_owners, window_meta_at
-from deepinfer_plugins.vllm.model import paged_chunks
 from integration_tests.host_reads import ONCE_PER_MOE_LAYER, TOKEN_CHECK, HostReadWatch
+from integration_tests.vllm.paged_caches import PagedCaches
 
 ONCE_PER_STEP = {("vllm/cache.py", "verify"), TOKEN_CHECK}
-BLOCK_SIZE = 16
-
-
-class PagedCaches:
-    """The adapter's cache owners over small tensors; each request's blocks of each owner drawn at random."""
-
-    def __init__(self, args, num_requests: int, max_tokens: int, generator: torch.Generator):
-        config = SimpleNamespace(cache_config=SimpleNamespace(block_size=BLOCK_SIZE),
-                                 compilation_config=SimpleNamespace(static_forward_context={}))
-        self.args, self.num_requests = args, num_requests
-        self.windows, self.compressed, self.inputs = make_cache_owners(args, config, "model.")
-        self.owners = [*self.windows, *self.compressed.values(), *self.inputs.values()]
-        self.tables = {}
-        for owner in self.owners:
-            tokens_per_row = getattr(owner.spec, "tokens_per_state", 1)
-            rows_per_block = owner.spec.block_size // tokens_per_row
-            blocks = -(-max_tokens // owner.spec.block_size)
-            owner.bind_kv_cache(torch.randint(0, 256, (num_requests * blocks + 3, rows_per_block, owner.spec.head_size),
-                                              dtype=torch.uint8, generator=generator))  # stale bytes everywhere
-            order = torch.randperm(num_requests * blocks + 3, generator=generator)[: num_requests * blocks]
-            self.tables[owner.layer_name] = order.view(num_requests, blocks).to(torch.int32)
-
-    def step(self, model, work: dict[int, tuple[int, torch.Tensor]]) -> torch.Tensor:
-        """work: request -> (start position, token ids) -> logits of every row, requests in ``work`` order."""
-        requests = sorted(work)
-        counts = [work[r][1].numel() if r in work else 0 for r in range(self.num_requests)]
-        starts = [0]
-        for n in counts:
-            starts.append(starts[-1] + n)
-        input_ids = torch.cat([work[r][1] for r in requests])
-        positions = torch.cat([work[r][0] + torch.arange(work[r][1].numel()) for r in requests])
-        seq_lens = [work[r][0] + counts[r] if r in work else 0 for r in range(len(counts))]
-        metadata = {name: PagedMetadata(table, starts, seq_lens, input_ids.numel())
-                    for name, table in self.tables.items()}
-        audit = StoredPositions()
-        chunks, _ = paged_chunks(self.args, input_ids, positions, metadata, self.windows, self.compressed,
-                                 self.inputs, audit)
-        hidden = model.hidden_states(input_ids, chunks)
-        audit.verify()
-        return model.compute_logits(hidden)
-
-    def window_positions(self, layer: int, request: int) -> tuple[torch.Tensor, callable]:
-        """(int32 [slots, 2] token id and position columns of a layer's window cache, slot of a position)."""
-        owner, meta_at = self.windows[layer], window_meta_at(self.args)
-        row = self.tables[owner.layer_name][request]
-        return owner.rows()[:, meta_at: meta_at + 8].view(torch.int32), lambda p: int(owner.slots(row, torch.tensor(p)))
 
 
 PROMPTS = {0: 40, 1: 9, 2: 23}
@@ -82,10 +34,10 @@ def schedule(decode_steps: int):
     return steps
 
 
-def run(model, steps, generator, watch: HostReadWatch | None = None, before_step=None):
+def run(model, steps, generator, watch: HostReadWatch | None = None, before_step=None, one_window_table=False):
     """Run ``steps`` on paged caches (greedy tokens after each prompt) and on one in-memory cache per request.
     -> largest logits difference."""
-    caches = PagedCaches(model.args, len(PROMPTS), 64, generator)
+    caches = PagedCaches(model.args, len(PROMPTS), 64, generator, one_window_table)
     tokens = {r: torch.randint(0, model.args.vocab_size, (n,), generator=generator).tolist()
               for r, n in PROMPTS.items()}
     references = {r: model.new_cache() for r in PROMPTS}
@@ -108,9 +60,11 @@ def run(model, steps, generator, watch: HostReadWatch | None = None, before_step
     return worst
 
 
+@pytest.mark.parametrize("one_window_table", [False, True])
 @torch.no_grad()
-def test_paged_steps_give_the_in_memory_logits(core_model):
-    assert run(core_model, schedule(decode_steps=8), torch.Generator().manual_seed(0)) < 1e-4
+def test_paged_steps_give_the_in_memory_logits(core_model, one_window_table):
+    assert run(core_model, schedule(decode_steps=8), torch.Generator().manual_seed(0),
+               one_window_table=one_window_table) < 1e-4
 
 
 @torch.no_grad()

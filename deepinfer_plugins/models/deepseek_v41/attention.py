@@ -116,13 +116,13 @@ class Compressor(nn.Module):
         return self.wkv(x.float()), self.wgate(x.float())
 
     def forward(self, x: torch.Tensor, pending_values: torch.Tensor, pending_gates: torch.Tensor,
-                inputs: tuple[torch.Tensor, torch.Tensor] | None = None):
+                inputs: tuple[torch.Tensor, torch.Tensor] | None):
         """x [n, d] new tokens -> (latents [groups, head_dim] unrotated, new pending values, new pending gates).
 
-        ``inputs``: ``token_inputs(x)`` when the caller already has them."""
+        ``inputs``: ``token_inputs(x)`` (ratio > 1), which the caller computes for a whole batch at once."""
         if self.ratio == 1:
             return self.norm(self.wkv(x)), pending_values, pending_gates
-        new_values, new_gates = inputs if inputs is not None else self.token_inputs(x)
+        new_values, new_gates = inputs
         values = torch.cat((pending_values, new_values))
         gates = torch.cat((pending_gates, new_gates))
         complete = values.shape[0] // self.ratio * self.ratio
