@@ -14,8 +14,9 @@ for Engram (kv_cache.py). SGLang 0.5.23's generic MHA/MLA token pools have no su
 own V4 pool belongs to upstream's model. ``SlotStore`` therefore keeps every per-token item in buffers
 indexed by SGLang's slot id, the caches as the byte records of ops/cache.py: the window record of position p
 at slot(p), compressed entry j and its indexer key at the slot of the last token of its group (so the entry
-exists exactly while SGLang keeps that slot), an open group's compressor inputs (fp32) at their tokens' slots,
-the token id at slot(p). A sequence's state is thus a pure
+exists exactly while SGLang keeps that slot), every token's compressor inputs (fp32) at its slot (read back
+for the open group, so a rollback into a group pooled during verification finds its tokens' inputs), the token
+id at slot(p). A sequence's state is thus a pure
 function of its slot list, which is what SGLang's radix-cache prefix sharing, chunked prefill and
 speculative rollback (freeing rejected slots) assume. Cost: SGLang still allocates its own (unused)
 token pool for the config's head sizes; a DeepInfer KV-pool class would remove that and is not written.
@@ -42,8 +43,8 @@ from torch import nn
 
 from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
-from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, CompressedKV,
-                                             MappedRecords, window_positions)
+from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, EntryCount,
+                                             window_positions)
 from ..ops import cache_write
 from ..ops.cache import record_bytes, to_device
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
@@ -81,7 +82,7 @@ class SlotStore:
     window[layer]      [slots, 528] uint8       fp8_window record of the token's window latent (head_dim 512)
     entries[src]       [slots, 288] uint8       nvfp4 record of the compressed entry whose group ends there
     index_keys[src]    [slots, 68] uint8        mxfp4 record of its indexer key
-    pending_v/g[src]   [slots, head_dim] fp32   compressor inputs of a token whose group is still open
+    input_values/gates[src] [slots, head_dim] fp32  the token's compressor inputs (read back for an open group)
     tokens             [slots] int64            token id (Engram n-gram history)
     """
 
@@ -91,8 +92,8 @@ class SlotStore:
         self.window: dict[int, torch.Tensor] = {}
         self.entries: dict[int, torch.Tensor] = {}
         self.index_keys: dict[int, torch.Tensor] = {}
-        self.pending_v: dict[int, torch.Tensor] = {}
-        self.pending_g: dict[int, torch.Tensor] = {}
+        self.input_values: dict[int, torch.Tensor] = {}
+        self.input_gates: dict[int, torch.Tensor] = {}
         self.tokens = torch.zeros(0, dtype=torch.long, device=device)
 
     def ensure(self, num_slots: int) -> None:
@@ -116,8 +117,8 @@ class SlotStore:
         for src in a.kv_source_layer_ids:
             self.entries[src] = grown(self.entries.get(src), entry_bytes, torch.uint8)
             self.index_keys[src] = grown(self.index_keys.get(src), key_bytes, torch.uint8)
-            self.pending_v[src] = grown(self.pending_v.get(src), a.head_dim, torch.float32)
-            self.pending_g[src] = grown(self.pending_g.get(src), a.head_dim, torch.float32)
+            self.input_values[src] = grown(self.input_values.get(src), a.head_dim, torch.float32)
+            self.input_gates[src] = grown(self.input_gates.get(src), a.head_dim, torch.float32)
         tokens = torch.zeros(new, dtype=torch.long, device=self.device)
         tokens[: self.tokens.shape[0]] = self.tokens
         self.tokens = tokens
@@ -157,6 +158,38 @@ class SlotStep:
         cache_write(self.store.window[layer], new, latents, WINDOW_FORMAT)
         return self.store.window[layer], window
 
+    def chunk_positions(self, ranges: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chunk, position) of every position in ranges[b] = [low, high) of chunk b, on the device."""
+        pairs = [torch.stack((torch.full((high - low,), b), torch.arange(low, high)))
+                 for b, (low, high) in enumerate(ranges)]
+        chunk, position = to_device(torch.cat(pairs, dim=1), self.store.device)
+        return chunk, position
+
+    def compressor_inputs(self, source_layer: int, values: torch.Tensor, gates: torch.Tensor,
+                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        new, _, slot_lists, _ = self.plan(chunks)
+        ratio = self.store.args.layer_ratios[source_layer]
+        chunk, position = self.chunk_positions([(c.start_pos - c.start_pos % ratio, c.start_pos) for c in chunks])
+        open_slots = slot_lists[chunk, position]
+        stored_values, stored_gates = self.store.input_values[source_layer], self.store.input_gates[source_layer]
+        open_values, open_gates = stored_values[open_slots], stored_gates[open_slots]  # read before the writes
+        stored_values[new], stored_gates[new] = values.float(), gates.float()
+        return open_values, open_gates
+
+    def publish_entries(self, source_layer: int, latents: torch.Tensor, keys: torch.Tensor, counts: list[int],
+                        open_groups, chunks: list[SequenceChunk]) -> None:
+        """The open groups' inputs are stored already (``compressor_inputs``)."""
+        _, _, slot_lists, _ = self.plan(chunks)
+        ratio = self.store.args.layer_ratios[source_layer]
+        states = [c.state.compressed(source_layer) for c in chunks]
+        chunk, entry = self.chunk_positions([(s.num_entries, s.num_entries + n) for s, n in zip(states, counts)])
+        if entry.numel():
+            slots = slot_lists[chunk, entry * ratio + ratio - 1]  # entry j lives at the slot of its group's last token
+            cache_write(self.store.entries[source_layer], slots, latents, COMPRESSED_FORMAT)
+            cache_write(self.store.index_keys[source_layer], slots, keys, INDEX_KEY_FORMAT)
+        for state, count in zip(states, counts):
+            state.num_entries += count
+
     def index_key_slots(self, source_layer: int, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         _, _, slot_lists, _ = self.plan(chunks)
         ratio = self.store.args.layer_ratios[source_layer]
@@ -176,32 +209,18 @@ class SlotStep:
 
 
 class SlotSequenceState:
-    """``SequenceState`` of one request for one forward, over ``SlotStore``.
+    """``SequenceState`` of one request for one forward, over ``SlotStore``; the forward's ``SlotStep`` reads and
+    writes the caches.
 
     slots [start_pos + new tokens]: SGLang slot of every position up to the end of this forward's rows.
-    Compressed state is gathered from the slots on first use and written back by ``commit``.
     """
 
     def __init__(self, store: SlotStore, slots: torch.Tensor, start_pos: int, batch_store: SlotStep):
         self.store, self.slots, self.num_tokens, self.batch_store = store, slots, start_pos, batch_store
-        self._compressed: dict[int, CompressedKV] = {}
+        self.sources = {s: EntryCount(start_pos // store.args.layer_ratios[s]) for s in store.args.kv_source_layer_ids}
 
-    def compressed(self, source_layer: int) -> CompressedKV:
-        if source_layer not in self._compressed:
-            s, ratio = self.store, self.store.args.layer_ratios[source_layer]
-            n = self.num_tokens // ratio  # complete groups before this forward
-
-            def group_end(entries: torch.Tensor) -> torch.Tensor:  # entry j lives at the slot of its last token
-                return self.slots[(entries * ratio + ratio - 1).to(self.slots.device)]
-
-            latents = MappedRecords(s.entries[source_layer], COMPRESSED_FORMAT, s.args.head_dim, group_end, n)
-            keys = MappedRecords(s.index_keys[source_layer], INDEX_KEY_FORMAT, s.args.index_head_dim, group_end, n)
-            open_slots = self.slots[n * ratio: self.num_tokens]
-            state = CompressedKV(ratio=ratio, latents=latents, index_keys=keys,
-                                 pending_values=s.pending_v[source_layer][open_slots],
-                                 pending_gates=s.pending_g[source_layer][open_slots])
-            self._compressed[source_layer] = state
-        return self._compressed[source_layer]
+    def compressed(self, source_layer: int) -> EntryCount:
+        return self.sources[source_layer]
 
     def ngram_history(self) -> torch.Tensor:
         keep = self.store.args.engram_max_ngram_size - 1
@@ -210,19 +229,6 @@ class SlotSequenceState:
     def advance(self, token_ids: torch.Tensor) -> None:
         self.store.tokens[self.slots[self.num_tokens: self.num_tokens + token_ids.numel()]] = token_ids.long()
         self.num_tokens += token_ids.numel()
-
-    def commit(self) -> None:
-        """Write the open-group inputs this forward left back to their slots (entries and index keys were
-        written to their group-end slots as they were published)."""
-        s = self.store
-        for src, state in self._compressed.items():
-            ratio = state.ratio
-            n_open = state.pending_values.shape[0]
-            if n_open:
-                first_open = state.num_entries * ratio
-                open_slots = self.slots[first_open: first_open + n_open]
-                s.pending_v[src][open_slots] = state.pending_values.float()
-                s.pending_g[src][open_slots] = state.pending_gates.float()
 
 
 # ---- the SGLang model class --------------------------------------------------------------------------------
@@ -353,7 +359,6 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         # every layer's window latent at every position.
         logits = self.model.forward_chunks(input_ids, chunks)  # [rows, vocab] fp32
         for state, start, n in zip(states, starts, counts):
-            state.commit()
             state.advance(input_ids[start: start + n])
         mode = forward_batch.forward_mode
         if mode.is_extend() and not mode.is_target_verify():  # is_extend() includes TARGET_VERIFY

@@ -34,7 +34,7 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 
 from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
-from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, MappedRecords,
+from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, EntryCount,
                                             SequenceChunk, oldest_window_key, window_positions)
 from ..ops.cache import record_bytes, to_device
 
@@ -248,78 +248,6 @@ def make_cache_owners(args: ModelArgs, vllm_config, prefix: str):
     return windows, compressed, inputs
 
 
-class PagedCompressedKV:
-    """``CompressedKV`` over the paged compressed and compressor-input caches, for one request and one chunk."""
-
-    def __init__(self, args: ModelArgs, source: int, owner: CompressedOwner, block_row: torch.Tensor,
-                 inputs: CacheOwner | None, inputs_row: torch.Tensor | None, start_pos: int, end_pos: int,
-                 audit: StoredPositions):
-        self.source, self.ratio, self.head_dim = source, args.layer_ratios[source], args.head_dim
-        self.start_pos, self.end_pos, self.audit = start_pos, end_pos, audit
-        first_entries, self.open_tokens = divmod(start_pos, self.ratio)
-
-        def slot_of(entries: torch.Tensor) -> torch.Tensor:
-            return owner.slots(block_row, entries)
-
-        self.latents = MappedRecords(owner.entry_columns(source), COMPRESSED_FORMAT, args.head_dim, slot_of,
-                                     first_entries)
-        self.index_keys = MappedRecords(owner.key_columns(source), INDEX_KEY_FORMAT, args.index_head_dim, slot_of,
-                                        first_entries)
-        self._open_inputs: torch.Tensor | None = None
-        if inputs is not None:
-            self.inputs, self.inputs_row = inputs, inputs_row
-            columns = inputs.rows()[:, : 2 * args.head_dim * 4 + INT32]
-            self.input_values = columns[:, : 2 * args.head_dim * 4].view(torch.float32)  # [slots, 2 * head_dim]
-            self.input_positions = columns[:, 2 * args.head_dim * 4:].view(torch.int32)  # [slots, 1]
-
-    @property
-    def num_entries(self) -> int:
-        return self.latents.length
-
-    def _input_slots(self, first: int, end: int) -> torch.Tensor:
-        return self.inputs.slots(self.inputs_row, torch.arange(first, end, device=self.inputs_row.device))
-
-    def remember_inputs(self, values: torch.Tensor, gates: torch.Tensor) -> None:
-        """Store every token's compressor inputs (wkv, wgate) and position at its slot."""
-        slots = self._input_slots(self.start_pos, self.end_pos)
-        self.input_values[slots] = torch.cat((values, gates), dim=1).float()
-        self.input_positions[slots, 0] = torch.arange(self.start_pos, self.end_pos, dtype=torch.int32,
-                                                      device=slots.device)
-
-    def _open_group(self) -> torch.Tensor:
-        """Inputs of the open group's tokens [open, 2 * head_dim], read once; the step checks their positions."""
-        if self.open_tokens == 0:
-            return torch.zeros(0, 2 * self.head_dim, device=self.latents.records.device)
-        if self._open_inputs is None:
-            slots = self._input_slots(self.start_pos - self.open_tokens, self.start_pos)
-            self.audit.expect(self.input_positions[slots, 0], torch.arange(self.start_pos - self.open_tokens,
-                                                                           self.start_pos),
-                              f"layer {self.source}: compressor-input cache")
-            self._open_inputs = self.input_values[slots]
-        return self._open_inputs
-
-    def _check_open(self, inputs: torch.Tensor) -> None:
-        """The compressor hands back the open group's inputs; ``remember_inputs`` already stored them."""
-        if inputs.shape[0] != self.end_pos % self.ratio:
-            raise RuntimeError(f"compressor left {inputs.shape[0]} open tokens, expected {self.end_pos % self.ratio}")
-
-    @property
-    def pending_values(self) -> torch.Tensor:
-        return self._open_group()[:, : self.head_dim]
-
-    @pending_values.setter
-    def pending_values(self, values: torch.Tensor) -> None:
-        self._check_open(values)
-
-    @property
-    def pending_gates(self) -> torch.Tensor:
-        return self._open_group()[:, self.head_dim:]
-
-    @pending_gates.setter
-    def pending_gates(self, gates: torch.Tensor) -> None:
-        self._check_open(gates)
-
-
 @dataclass
 class WindowPlan:
     """Where one step's window keys are written, checked and read, through one block table (so for every
@@ -341,9 +269,10 @@ class PagedStep:
     and one metadata write, whatever the number of requests. Compressed entries are looked up for all query rows
     and the index keys of every request at once, through the table of their ratio's owner."""
 
-    def __init__(self, args: ModelArgs, windows: nn.ModuleList, compressed: nn.ModuleDict, metadata: dict,
-                 audit: StoredPositions):
+    def __init__(self, args: ModelArgs, windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict,
+                 metadata: dict, audit: StoredPositions):
         self.window, self.windows, self.metadata, self.audit = args.sliding_window, windows, metadata, audit
+        self.head_dim, self.ratios, self.inputs = args.head_dim, args.layer_ratios, inputs
         self.compressed_owner = {s: owner for owner in compressed.values() for s in owner.sources}
         self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
         self.plans: dict[tuple, WindowPlan] = {}
@@ -370,6 +299,49 @@ class PagedStep:
         requests = self.query_requests(chunks, table.device)[:, None].expand_as(entries)
         slots = owner.batch_slots(table, requests, entries.clamp(min=0))
         return owner.entry_columns(source_layer), torch.where(entries >= 0, slots, -1)
+
+    def compressor_inputs(self, source_layer: int, values: torch.Tensor, gates: torch.Tensor,
+                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        owner = self.inputs[str(source_layer)]
+        table = self.metadata[owner.layer_name].block_table
+        ratio = self.ratios[source_layer]
+        new, before = [], []
+        for chunk in chunks:
+            for part, low, high in ((new, chunk.start_pos, chunk.start_pos + chunk.num_rows),
+                                    (before, chunk.start_pos - chunk.start_pos % ratio, chunk.start_pos)):
+                positions = torch.arange(low, high)
+                part.append(torch.stack((torch.full_like(positions, chunk.state.request), positions)))
+        host_new, host_open = torch.cat(new, dim=1), torch.cat(before, dim=1)
+        (new_req, new_pos), (open_req, open_pos) = to_device(torch.cat((host_new, host_open), dim=1),
+                                                             table.device).split([host_new.shape[1],
+                                                                                  host_open.shape[1]], dim=1)
+        columns = owner.rows()[:, : 2 * self.head_dim * 4 + INT32]
+        stored = columns[:, : 2 * self.head_dim * 4].view(torch.float32)  # [slots, 2 * head_dim]: wkv, wgate
+        stored_positions = columns[:, 2 * self.head_dim * 4:].view(torch.int32)  # [slots, 1]
+        open_slots = owner.batch_slots(table, open_req, open_pos)
+        open_inputs = stored[open_slots]  # read before this step's rows are written
+        self.audit.expect(stored_positions[open_slots, 0], host_open[1],
+                          f"layer {source_layer}: compressor-input cache")
+        new_slots = owner.batch_slots(table, new_req, new_pos)
+        stored[new_slots] = torch.cat((values, gates), dim=1).float()
+        stored_positions[new_slots, 0] = new_pos.to(torch.int32)
+        return open_inputs[:, : self.head_dim], open_inputs[:, self.head_dim:]
+
+    def publish_entries(self, source_layer: int, latents: torch.Tensor, keys: torch.Tensor, counts: list[int],
+                        open_groups, chunks: list[SequenceChunk]) -> None:
+        """The open groups' inputs are in the compressor-input cache already (``compressor_inputs``)."""
+        owner = self.compressed_owner[source_layer]
+        table = self.metadata[owner.layer_name].block_table
+        entries = [torch.arange(c.state.compressed(source_layer).num_entries,
+                                c.state.compressed(source_layer).num_entries + n) for c, n in zip(chunks, counts)]
+        host = torch.stack((torch.cat([torch.full_like(e, c.state.request) for c, e in zip(chunks, entries)]),
+                            torch.cat(entries)))
+        requests, entry_ids = to_device(host, table.device)
+        slots = owner.batch_slots(table, requests, entry_ids)
+        ops.cache_write(owner.entry_columns(source_layer), slots, latents, COMPRESSED_FORMAT)
+        ops.cache_write(owner.key_columns(source_layer), slots, keys, INDEX_KEY_FORMAT)
+        for chunk, count in zip(chunks, counts):
+            chunk.state.compressed(source_layer).num_entries += count
 
     def index_key_slots(self, source_layer: int, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         owner = self.compressed_owner[source_layer]
@@ -430,23 +402,13 @@ class PagedSequenceState:
     on the device."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
-                 batch_store: PagedStep, compressed: nn.ModuleDict, inputs: nn.ModuleDict, metadata: dict,
-                 audit: StoredPositions):
+                 batch_store: PagedStep, metadata: dict, audit: StoredPositions):
         self.args, self.request, self.num_tokens, self.token_ids = args, request, start_pos, token_ids
         self.batch_store, self.audit = batch_store, audit
         self.history_row = metadata[batch_store.windows[0].layer_name].block_table[request]
-        end_pos = start_pos + token_ids.numel()
-        self.sources = {}
-        for owner in compressed.values():
-            block_row = metadata[owner.layer_name].block_table[request]
-            for s in owner.sources:
-                source_inputs = inputs[str(s)] if str(s) in inputs else None
-                self.sources[s] = PagedCompressedKV(
-                    args, s, owner, block_row, source_inputs,
-                    metadata[source_inputs.layer_name].block_table[request] if source_inputs else None,
-                    start_pos, end_pos, audit)
+        self.sources = {s: EntryCount(start_pos // args.layer_ratios[s]) for s in args.kv_source_layer_ids}
 
-    def compressed(self, source_layer: int) -> PagedCompressedKV:
+    def compressed(self, source_layer: int) -> EntryCount:
         return self.sources[source_layer]
 
     def ngram_history(self) -> torch.Tensor:

@@ -59,14 +59,13 @@ def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tens
     -> (chunks, (request, start position, rows) of each). Start positions come from the metadata's host copies;
     ``positions`` (on the device) is only checked against them, through ``audit``."""
     first_meta = metadata[windows[0].layer_name]
-    batch_store = PagedStep(args, windows, compressed, metadata, audit)
+    batch_store = PagedStep(args, windows, compressed, inputs, metadata, audit)
     chunks, rows = [], []
     for request, (first, last) in enumerate(zip(first_meta.query_start_loc, first_meta.query_start_loc[1:])):
         if last == first:
             continue
         start_pos = first_meta.seq_lens[request] - (last - first)
-        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], batch_store, compressed, inputs,
-                                   metadata, audit)
+        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], batch_store, metadata, audit)
         chunks.append(SequenceChunk(first, last - first, start_pos, state))
         rows.append((request, start_pos, last - first))
     if rows:

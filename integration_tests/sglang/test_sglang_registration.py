@@ -306,6 +306,24 @@ def test_forward_batches_match_core_model(models):
     close(out[0], reference(core, c)[-1])
 
 
+def test_rollback_into_a_group_pooled_during_verification(models):
+    """An odd-length prefix: TARGET_VERIFY pools (anchor, draft 1) and (draft 2, draft 3) into ratio-2 entries;
+    keeping the anchor and one draft leaves draft 1 alone in the open group of the next forward, whose compressor
+    input must be read back from its slot."""
+    adapter, core = models
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(3, core.args.vocab_size - 8, (9,), generator=g).tolist()
+    eng = Engine(adapter)
+    eng.forward("EXTEND", [(1, 0, a)])
+    anchor, drafts = 17, [18, 19, 20]
+    eng.forward("TARGET_VERIFY", [(1, len(a), [anchor] + drafts)])
+    a += [anchor, drafts[0]]  # positions 9, 10 kept; 11, 12 rejected
+    for token in (4, 5, 6, 7, 8, 9):  # the entry of (10, 11) stays visible to every later query
+        out = eng.forward("DECODE", [(1, len(a), [token])])
+        a.append(token)
+        close(out[0], reference(core, a)[-1])
+
+
 def test_host_reads_do_not_grow_with_the_batch(models):
     """Each host read of a tensor stalls a GPU: a forward makes the same few whatever its number of requests."""
     adapter, core = models

@@ -8,16 +8,18 @@ reuse = neither). Output: inverse RoPE, then the grouped low-rank projection ``w
 
 from __future__ import annotations
 
+import itertools
 
 import torch
 from torch import nn
 
 from ... import ops
-from ...ops.cache import record_bytes
+from ...ops.cache import record_bytes, to_device
 from ...ops.fused import distinct_slots
 from .args import ModelArgs
 from .indexer import Indexer
-from .kv_cache import COMPRESSED_FORMAT, SequenceChunk, key_positions, oldest_window_key, window_positions
+from .kv_cache import (COMPRESSED_FORMAT, BatchStore, SequenceChunk, key_positions, oldest_window_key,
+                       window_positions)
 from .linear import Linear
 from .norm import RMSNorm
 
@@ -73,6 +75,31 @@ class PerSequenceStore:
             parts.append((keys.records, keys.slots(torch.arange(keys.length, device=keys.records.device))[None, :]))
         return one_table(parts)
 
+    def compressor_inputs(self, source_layer: int, values: torch.Tensor, gates: torch.Tensor,
+                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        open_values, open_gates, rows = [], [], [chunk.num_rows for chunk in chunks]
+        for chunk, chunk_values, chunk_gates in zip(chunks, values.split(rows), gates.split(rows)):
+            state = chunk.state.compressed(source_layer)
+            if state.num_tokens != chunk.start_pos:
+                raise RuntimeError(f"layer {source_layer}: compressor state covers {state.num_tokens} tokens but the "
+                                   f"chunk starts at position {chunk.start_pos}")
+            state.remember_inputs(chunk_values, chunk_gates)
+            open_values.append(state.pending_values)
+            open_gates.append(state.pending_gates)
+        return torch.cat(open_values), torch.cat(open_gates)
+
+    def publish_entries(self, source_layer: int, latents: torch.Tensor, keys: torch.Tensor, counts: list[int],
+                        open_groups: list[tuple[torch.Tensor, torch.Tensor]] | None,
+                        chunks: list[SequenceChunk]) -> None:
+        for chunk, chunk_latents, chunk_keys, open_group in zip(chunks, latents.split(counts), keys.split(counts),
+                                                                open_groups or [None] * len(chunks)):
+            state = chunk.state.compressed(source_layer)
+            if chunk_latents.shape[0]:
+                state.latents.append(chunk_latents)
+                state.index_keys.append(chunk_keys)
+            if open_group is not None:
+                state.pending_values, state.pending_gates = open_group
+
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = []
@@ -111,25 +138,21 @@ class Compressor(nn.Module):
         self.norm = RMSNorm(args.head_dim, args.rms_norm_eps)
 
     def token_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ratio > 1: the per-token inputs (wkv(x), wgate(x)) in fp32, each [n, head_dim]. Caches keep the last
-        few so that a rollback can restore the open group exactly (kv_cache.CompressedKV.rollback)."""
+        """Ratio > 1: the per-token inputs (wkv(x), wgate(x)) in fp32, each [n, head_dim]. Caches keep those of
+        the open group (and the in-memory cache a few more, so that a rollback can restore the open group
+        exactly: kv_cache.CompressedKV.rollback)."""
         return self.wkv(x.float()), self.wgate(x.float())
 
-    def forward(self, x: torch.Tensor, pending_values: torch.Tensor, pending_gates: torch.Tensor,
-                inputs: tuple[torch.Tensor, torch.Tensor] | None):
-        """x [n, d] new tokens -> (latents [groups, head_dim] unrotated, new pending values, new pending gates).
+    def token_entries(self, x: torch.Tensor) -> torch.Tensor:
+        """Ratio 1: one entry per token [n, head_dim], unrotated."""
+        return self.norm(self.wkv(x))
 
-        ``inputs``: ``token_inputs(x)`` (ratio > 1), which the caller computes for a whole batch at once."""
-        if self.ratio == 1:
-            return self.norm(self.wkv(x)), pending_values, pending_gates
-        new_values, new_gates = inputs
-        values = torch.cat((pending_values, new_values))
-        gates = torch.cat((pending_gates, new_gates))
-        complete = values.shape[0] // self.ratio * self.ratio
-        grouped_v = values[:complete].unflatten(0, (-1, self.ratio))  # [groups, ratio, head_dim]
-        weights = gates[:complete].unflatten(0, (-1, self.ratio)).softmax(dim=1)
-        latents = self.norm((weights * grouped_v).sum(dim=1).to(x.dtype))
-        return latents, values[complete:], gates[complete:]
+    def forward(self, values: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Ratio > 1: the inputs of complete groups [groups * ratio, head_dim] (fp32) -> entries [groups,
+        head_dim] in ``dtype``, unrotated."""
+        grouped_v = values.unflatten(0, (-1, self.ratio))  # [groups, ratio, head_dim]
+        weights = gates.unflatten(0, (-1, self.ratio)).softmax(dim=1)
+        return self.norm((weights * grouped_v).sum(dim=1).to(dtype))
 
 
 class Attention(nn.Module):
@@ -173,24 +196,38 @@ class Attention(nn.Module):
             q = ops.rms_norm(q, None, self.args.rms_norm_eps)
         return self.rotate(q, positions), q_latent
 
-    def publish_compressed(self, x: torch.Tensor, chunk: SequenceChunk,
-                           inputs: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """Run the compressor over this chunk's tokens and append entries and index keys to the shared state.
-        ``inputs``: ``Compressor.token_inputs`` of the chunk (ratio > 1), computed for the whole batch at once."""
-        state = chunk.state.compressed(self.layer_id)
-        if state.num_entries * self.ratio + state.pending_values.shape[0] != chunk.start_pos:
-            raise RuntimeError(f"layer {self.layer_id}: compressor state covers "
-                               f"{state.num_entries * self.ratio + state.pending_values.shape[0]} tokens but the "
-                               f"chunk starts at position {chunk.start_pos}")
-        if inputs is not None:
-            state.remember_inputs(*inputs)
-        latents, state.pending_values, state.pending_gates = self.compressor(
-            x, state.pending_values, state.pending_gates, inputs)
-        if latents.shape[0] == 0:
-            return
-        positions = (state.num_entries + torch.arange(latents.shape[0], device=x.device)) * self.ratio
-        state.index_keys.append(self.indexer.index_keys(latents, positions, self.rotate))
-        state.latents.append(self.rotate(latents, positions))  # stored as nvfp4 records (spec §8.2)
+    def publish_compressed(self, x: torch.Tensor, key_pos: torch.Tensor, chunks: list[SequenceChunk],
+                           store: BatchStore) -> None:
+        """Run the compressor over the new tokens of every chunk (x, key_pos: all key rows) and append each
+        chunk's new entries and index keys to its shared state, for the whole batch at once."""
+        entries_before = [chunk.state.compressed(self.layer_id).num_entries for chunk in chunks]
+        open_counts = [chunk.start_pos - n * self.ratio for chunk, n in zip(chunks, entries_before)]
+        if any(not 0 <= n < self.ratio for n in open_counts):
+            raise RuntimeError(f"layer {self.layer_id}: compressor states hold {entries_before} entries of "
+                               f"{self.ratio} tokens, but the chunks start at {[c.start_pos for c in chunks]}")
+        if self.ratio == 1:
+            latents, positions, open_groups = self.compressor.token_entries(x), key_pos, None
+            counts = [chunk.num_rows for chunk in chunks]
+        else:
+            values, gates = self.compressor.token_inputs(x)
+            open_values, open_gates = store.compressor_inputs(self.layer_id, values, gates, chunks)
+            rows = [chunk.num_rows for chunk in chunks]
+            # per chunk its open group then its new tokens; complete groups are pooled, the rest stays open
+            values = torch.cat([t for pair in zip(open_values.split(open_counts), values.split(rows)) for t in pair])
+            gates = torch.cat([t for pair in zip(open_gates.split(open_counts), gates.split(rows)) for t in pair])
+            lengths = [o + n for o, n in zip(open_counts, rows)]
+            counts = [n // self.ratio for n in lengths]
+            starts = [0, *itertools.accumulate(lengths)][:-1]
+            pooled = [slice(start, start + count * self.ratio) for start, count in zip(starts, counts)]
+            latents = self.compressor(torch.cat([values[s] for s in pooled]), torch.cat([gates[s] for s in pooled]),
+                                      x.dtype)
+            open_groups = [(values[s.stop: start + n], gates[s.stop: start + n])
+                           for s, start, n in zip(pooled, starts, lengths)]
+            positions = to_device(torch.cat([(first + torch.arange(count)) * self.ratio
+                                             for first, count in zip(entries_before, counts)]), x.device)
+        keys = self.indexer.index_keys(latents, positions, self.rotate)
+        store.publish_entries(self.layer_id, self.rotate(latents, positions), keys, counts, open_groups,
+                              chunks)  # the store writes nvfp4 / mxfp4 records (spec §8.2, §8.3)
 
     # ---- forward -----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
@@ -206,16 +243,11 @@ class Attention(nn.Module):
         x_query = torch.cat([rows[chunk.num_rows - chunk.num_query_rows:] for rows, chunk in zip(key_rows, chunks)])
         all_query_pos = torch.cat(query_pos)
         q, q_latent = self.queries(x_query, all_query_pos)
-        latents = self.window_latents(torch.cat(key_rows), all_key_pos)
-        compressor_inputs = [None] * len(chunks)
-        if self.is_kv_source and self.ratio > 1:
-            values, gates = self.compressor.token_inputs(torch.cat(key_rows))
-            row_counts = [chunk.num_rows for chunk in chunks]
-            compressor_inputs = list(zip(values.split(row_counts), gates.split(row_counts)))
-        if self.is_kv_source:
-            for chunk, rows, inputs in zip(chunks, key_rows, compressor_inputs):
-                self.publish_compressed(rows, chunk, inputs)
+        key_x = torch.cat(key_rows)
+        latents = self.window_latents(key_x, all_key_pos)
         store = getattr(chunks[0].state, "batch_store", None) or PerSequenceStore(self.window)
+        if self.is_kv_source:
+            self.publish_compressed(key_x, all_key_pos, chunks, store)
         window_cache, window_slots = store.window_keys(self.layer_id, latents, chunks)
         if self.ratio:
             source = self.args.kv_source_of[self.layer_id]

@@ -22,7 +22,7 @@ rebuild the open group of a truncated state), and the Engram history keeps R mor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -48,6 +48,19 @@ class BatchStore(Protocol):
         """The index keys of KV source ``source_layer`` -> (their mxfp4 records [S, R] uint8, possibly a
         row-strided view; slots [chunks, N]: row n of chunk b holds its entry n's key, -1 past its entries)."""
 
+    def compressor_inputs(self, source_layer: int, values: torch.Tensor, gates: torch.Tensor,
+                          chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the per-token compressor inputs (wkv(x), wgate(x), fp32 [key rows of every chunk, head_dim]) of KV
+        source ``source_layer`` (ratio > 1) -> the inputs of each chunk's open group before them (values, gates
+        [open tokens of every chunk, head_dim], chunk order)."""
+
+    def publish_entries(self, source_layer: int, latents: torch.Tensor, keys: torch.Tensor, counts: list[int],
+                        open_groups: list[tuple[torch.Tensor, torch.Tensor]] | None,
+                        chunks: list["SequenceChunk"]) -> None:
+        """Append counts[b] new entries to chunk b's compressed state (rotated latents [sum counts, head_dim] and
+        index keys [sum counts, index_head_dim], unquantised: written as nvfp4 / mxfp4 records); ``open_groups``
+        (ratio > 1): each chunk's inputs of its new open group, for stores that do not keep them already."""
+
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
         """Compressed entry ids [query rows of every chunk, k] (-1 = none) of KV source ``source_layer`` ->
@@ -58,7 +71,8 @@ class SequenceState(Protocol):
     """The cache interface the layers use. ``SequenceCache`` is the in-memory reference implementation.
 
     Engines whose sequences share tables give every state of a batch the same ``batch_store`` attribute (a
-    ``BatchStore``), which then replaces ``window_records``; the model reads and writes per sequence otherwise."""
+    ``BatchStore``), which then replaces ``window_records``, and their ``compressed`` states need only
+    ``num_entries`` (``EntryCount``); the model reads and writes per sequence otherwise."""
 
     num_tokens: int
 
@@ -68,7 +82,7 @@ class SequenceState(Protocol):
         writes them as fp8_window records) and return (records [S, R] uint8, possibly a row-strided view; slots
         [start_pos + n - first]) with records[slots[i]] the record of position first + i."""
 
-    def compressed(self, source_layer: int) -> "CompressedKV":
+    def compressed(self, source_layer: int) -> "CompressedKV | EntryCount":
         """The shared compressed state published by KV-source layer ``source_layer``."""
 
     def ngram_history(self) -> list[int] | torch.Tensor:
@@ -80,8 +94,7 @@ class SequenceState(Protocol):
 
 
 class EntryRecords(Protocol):
-    """Records of compressed entries 0..length-1 in one cache format (``RecordBuffer`` in memory; engines map
-    entry ids to rows of their paged caches)."""
+    """Records of compressed entries 0..length-1 in one cache format (``RecordBuffer``)."""
 
     length: int
 
@@ -123,24 +136,6 @@ class RecordBuffer:
     def truncate(self, length: int) -> None:
         """Forget entries >= length (``CompressedKV.rollback``)."""
         self.length = min(self.length, length)
-
-
-class MappedRecords:
-    """``EntryRecords`` at rows an engine chooses in a table it owns (its paged or slot-indexed cache):
-    ``slot_of`` maps entry ids (int64 on the table's device, so that no step waits on a copy to the host) to
-    rows of ``table``, a uint8 [S, R] view that may be row-strided."""
-
-    def __init__(self, table: torch.Tensor, fmt: str, dim: int, slot_of: Callable[[torch.Tensor], torch.Tensor],
-                 length: int):
-        self.records, self.fmt, self.dim, self.slot_of, self.length = table, fmt, dim, slot_of, length
-
-    def append(self, x: torch.Tensor) -> None:
-        slots = self.slot_of(torch.arange(self.length, self.length + x.shape[0], device=self.records.device))
-        ops.cache_write(self.records, slots, x, self.fmt)
-        self.length += x.shape[0]
-
-    def slots(self, entries: torch.Tensor) -> torch.Tensor:
-        return torch.where(entries >= 0, self.slot_of(entries.clamp(min=0)), -1)
 
 
 class RollbackError(ValueError):
@@ -311,6 +306,14 @@ class SequenceCache(SequenceState):
             state.rollback(num_tokens)
         self.history = self.history[: len(self.history) - dropped]
         self.num_tokens = num_tokens
+
+
+@dataclass
+class EntryCount:
+    """A sequence's compressed state where an engine's ``BatchStore`` reads and writes the records: all the model
+    needs of it is how many entries it holds (``BatchStore.publish_entries`` counts the new ones)."""
+
+    num_entries: int
 
 
 @dataclass
