@@ -44,7 +44,7 @@ from torch import nn
 from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, EntryCount,
-                                             window_positions)
+                                             ranges_rows, window_positions)
 from ..ops import cache_write
 from ..ops.cache import record_bytes, to_device
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
@@ -143,10 +143,8 @@ class SlotStep:
             slot_lists = torch.nn.utils.rnn.pad_sequence([c.state.slots for c in chunks], batch_first=True,
                                                          padding_value=-1)
             new = torch.cat([c.state.slots[c.start_pos: c.start_pos + c.num_rows] for c in chunks])
-            query_chunk = torch.repeat_interleave(torch.arange(len(chunks)),
-                                                  torch.tensor([c.num_query_rows for c in chunks]))
-            query_pos = torch.cat([torch.arange(c.first_query_pos, c.start_pos + c.num_rows) for c in chunks])
-            query_chunk, query_pos = to_device(torch.stack((query_chunk, query_pos)), device)
+            query_chunk, query_pos = to_device(ranges_rows([(b, c.first_query_pos, c.start_pos + c.num_rows)
+                                                            for b, c in enumerate(chunks)]), device)
             wanted = window_positions(query_pos, chunks, self.window)
             window = torch.where(wanted >= 0, slot_lists[query_chunk[:, None], wanted.clamp(min=0)], -1)
             self.plans[key] = new, window, slot_lists, query_chunk
@@ -158,18 +156,12 @@ class SlotStep:
         cache_write(self.store.window[layer], new, latents, WINDOW_FORMAT)
         return self.store.window[layer], window
 
-    def chunk_positions(self, ranges: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(chunk, position) of every position in ranges[b] = [low, high) of chunk b, on the device."""
-        pairs = [torch.stack((torch.full((high - low,), b), torch.arange(low, high)))
-                 for b, (low, high) in enumerate(ranges)]
-        chunk, position = to_device(torch.cat(pairs, dim=1), self.store.device)
-        return chunk, position
-
     def compressor_inputs(self, source_layer: int, values: torch.Tensor, gates: torch.Tensor,
                           chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         new, _, slot_lists, _ = self.plan(chunks)
         ratio = self.store.args.layer_ratios[source_layer]
-        chunk, position = self.chunk_positions([(c.start_pos - c.start_pos % ratio, c.start_pos) for c in chunks])
+        chunk, position = to_device(ranges_rows([(b, c.start_pos - c.start_pos % ratio, c.start_pos)
+                                                 for b, c in enumerate(chunks)]), self.store.device)
         open_slots = slot_lists[chunk, position]
         stored_values, stored_gates = self.store.input_values[source_layer], self.store.input_gates[source_layer]
         open_values, open_gates = stored_values[open_slots], stored_gates[open_slots]  # read before the writes
@@ -182,7 +174,8 @@ class SlotStep:
         _, _, slot_lists, _ = self.plan(chunks)
         ratio = self.store.args.layer_ratios[source_layer]
         states = [c.state.compressed(source_layer) for c in chunks]
-        chunk, entry = self.chunk_positions([(s.num_entries, s.num_entries + n) for s, n in zip(states, counts)])
+        chunk, entry = to_device(ranges_rows([(b, s.num_entries, s.num_entries + n)
+                                              for b, (s, n) in enumerate(zip(states, counts))]), self.store.device)
         if entry.numel():
             slots = slot_lists[chunk, entry * ratio + ratio - 1]  # entry j lives at the slot of its group's last token
             cache_write(self.store.entries[source_layer], slots, latents, COMPRESSED_FORMAT)

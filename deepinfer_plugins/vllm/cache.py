@@ -35,7 +35,7 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, EntryCount,
-                                            SequenceChunk, oldest_window_key, window_positions)
+                                            SequenceChunk, oldest_window_key, ranges_rows, window_positions)
 from ..ops.cache import record_bytes, to_device
 
 CACHE_DTYPE = torch.uint8
@@ -305,13 +305,8 @@ class PagedStep:
         owner = self.inputs[str(source_layer)]
         table = self.metadata[owner.layer_name].block_table
         ratio = self.ratios[source_layer]
-        new, before = [], []
-        for chunk in chunks:
-            for part, low, high in ((new, chunk.start_pos, chunk.start_pos + chunk.num_rows),
-                                    (before, chunk.start_pos - chunk.start_pos % ratio, chunk.start_pos)):
-                positions = torch.arange(low, high)
-                part.append(torch.stack((torch.full_like(positions, chunk.state.request), positions)))
-        host_new, host_open = torch.cat(new, dim=1), torch.cat(before, dim=1)
+        host_new = ranges_rows([(c.state.request, c.start_pos, c.start_pos + c.num_rows) for c in chunks])
+        host_open = ranges_rows([(c.state.request, c.start_pos - c.start_pos % ratio, c.start_pos) for c in chunks])
         (new_req, new_pos), (open_req, open_pos) = to_device(torch.cat((host_new, host_open), dim=1),
                                                              table.device).split([host_new.shape[1],
                                                                                   host_open.shape[1]], dim=1)
@@ -332,16 +327,15 @@ class PagedStep:
         """The open groups' inputs are in the compressor-input cache already (``compressor_inputs``)."""
         owner = self.compressed_owner[source_layer]
         table = self.metadata[owner.layer_name].block_table
-        entries = [torch.arange(c.state.compressed(source_layer).num_entries,
-                                c.state.compressed(source_layer).num_entries + n) for c, n in zip(chunks, counts)]
-        host = torch.stack((torch.cat([torch.full_like(e, c.state.request) for c, e in zip(chunks, entries)]),
-                            torch.cat(entries)))
-        requests, entry_ids = to_device(host, table.device)
-        slots = owner.batch_slots(table, requests, entry_ids)
-        ops.cache_write(owner.entry_columns(source_layer), slots, latents, COMPRESSED_FORMAT)
-        ops.cache_write(owner.key_columns(source_layer), slots, keys, INDEX_KEY_FORMAT)
-        for chunk, count in zip(chunks, counts):
-            chunk.state.compressed(source_layer).num_entries += count
+        states = [c.state.compressed(source_layer) for c in chunks]
+        requests, entries = to_device(ranges_rows([(c.state.request, s.num_entries, s.num_entries + n)
+                                                   for c, s, n in zip(chunks, states, counts)]), table.device)
+        if entries.numel():
+            slots = owner.batch_slots(table, requests, entries)
+            ops.cache_write(owner.entry_columns(source_layer), slots, latents, COMPRESSED_FORMAT)
+            ops.cache_write(owner.key_columns(source_layer), slots, keys, INDEX_KEY_FORMAT)
+        for state, count in zip(states, counts):
+            state.num_entries += count
 
     def index_key_slots(self, source_layer: int, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         owner = self.compressed_owner[source_layer]
@@ -370,15 +364,11 @@ class PagedStep:
         return self.plans[key]
 
     def new_plan(self, owner: CacheOwner, table: torch.Tensor, chunks: list[SequenceChunk]) -> WindowPlan:
-        parts: dict[str, list[torch.Tensor]] = {"new": [], "context": [], "query": []}
-        for chunk in chunks:
-            end = chunk.start_pos + chunk.num_rows
-            for part, low, high in (("new", chunk.start_pos, end),
-                                    ("context", oldest_window_key(chunk, self.window), chunk.start_pos),
-                                    ("query", chunk.first_query_pos, end)):
-                positions = torch.arange(low, high)
-                parts[part].append(torch.stack((torch.full_like(positions, chunk.state.request), positions)))
-        host = {part: torch.cat(pieces, dim=1) for part, pieces in parts.items()}
+        ends = [c.start_pos + c.num_rows for c in chunks]
+        host = {"new": ranges_rows([(c.state.request, c.start_pos, end) for c, end in zip(chunks, ends)]),
+                "context": ranges_rows([(c.state.request, oldest_window_key(c, self.window), c.start_pos)
+                                        for c in chunks]),
+                "query": ranges_rows([(c.state.request, c.first_query_pos, end) for c, end in zip(chunks, ends)])}
         device = to_device(torch.cat(list(host.values()), dim=1), table.device)
         (new_req, new_pos), (context_req, context_pos), (query_req, query_pos) = device.split(
             [host[part].shape[1] for part in ("new", "context", "query")], dim=1)
@@ -476,12 +466,11 @@ class PagedDraftContext:
         return self.stages[stage][self.slots]
 
 
-def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, keys: torch.Tensor,
-                         start_pos: int) -> None:
+def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_table: torch.Tensor, requests: torch.Tensor,
+                         positions: torch.Tensor, keys: torch.Tensor) -> None:
     """Store every stage's context keys [n, num_stages, head_dim] (unquantised: written as fp8_window records) of
-    positions start_pos.. of one request, and the positions."""
-    positions = torch.arange(start_pos, start_pos + keys.shape[0], device=block_row.device)
-    slots = owner.slots(block_row, positions)
+    the given (request, position) rows of a step, all requests at once, and the positions."""
+    slots = owner.batch_slots(block_table, requests, positions)
     stages, stored_positions = _draft_columns(args, owner)
     for stage, columns in enumerate(stages):
         ops.cache_write(columns, slots, keys[:, stage], WINDOW_FORMAT)

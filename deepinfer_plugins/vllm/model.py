@@ -28,10 +28,11 @@ from vllm.forward_context import get_forward_context
 
 from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
-from ..models.deepseek_v41.kv_cache import SequenceChunk
+from ..models.deepseek_v41.kv_cache import SequenceChunk, ranges_rows
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
 from ..models.deepseek_v41.sharding import shard_blocks
+from ..ops.cache import to_device
 from .cache import (PagedSequenceState, PagedStep, StoredPositions, make_cache_owners,
                     make_dspark_feature_owner, write_dspark_context)
 
@@ -138,15 +139,11 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         drafter = self.model.drafter
         streams = {layer: torch.cat([c.published["streams_in"][layer] for c in chunks])
                    for layer in self.capture_layers}
-        positions = torch.cat([torch.arange(start, start + n, device=context_meta.block_table.device)
-                               for _, start, n in rows])
+        requests, positions = to_device(ranges_rows([(request, start, start + n) for request, start, n in rows]),
+                                        context_meta.block_table.device)
         context = drafter.context(streams).to(drafter.dtype)  # [rows, d]
         keys = torch.stack([stage.attn.window_latents(context, positions) for stage in drafter], dim=1)  # [rows, S, d]
-        row = 0
-        for request, start, n in rows:
-            write_dspark_context(self.args, self.context_cache, context_meta.block_table[request],
-                                 keys[row: row + n], start)
-            row += n
+        write_dspark_context(self.args, self.context_cache, context_meta.block_table, requests, positions, keys)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden_states)

@@ -356,3 +356,10 @@ def window_positions(query_pos: torch.Tensor, chunks: list[SequenceChunk], windo
     span is the most window keys any query row of ``chunks`` reads."""
     span = max(min(window, c.start_pos + c.num_rows - oldest_window_key(c, window)) for c in chunks)
     return query_pos[:, None] - span + 1 + torch.arange(span, device=query_pos.device)
+
+
+def ranges_rows(ranges: list[tuple[int, int, int]]) -> torch.Tensor:
+    """int64 [2, n] on the host: (owner, position) of every position of the ranges (owner, low, high), in order;
+    engines copy it to the device once and compute all the slots of a batch from it."""
+    pieces = [torch.stack((torch.full((high - low,), owner), torch.arange(low, high))) for owner, low, high in ranges]
+    return torch.cat(pieces, dim=1) if pieces else torch.zeros(2, 0, dtype=torch.long)
