@@ -320,8 +320,8 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         # pool rows, their first positions and the largest slot id
         pool_rows = forward_batch.req_pool_indices.tolist()
         nonempty = [i for i, n in enumerate(counts) if n]
-        firsts = positions[torch.tensor([first_rows[i] for i in nonempty], dtype=torch.long,
-                                        device=positions.device)].tolist() if nonempty else []
+        firsts = positions[to_device(torch.tensor([first_rows[i] for i in nonempty], dtype=torch.long),
+                                     positions.device)].tolist() if nonempty else []
         starts = [0] * len(counts)
         for i, first in zip(nonempty, firsts):
             starts[i] = first
@@ -355,7 +355,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
             state.advance(input_ids[start: start + n])
         mode = forward_batch.forward_mode
         if mode.is_extend() and not mode.is_target_verify():  # is_extend() includes TARGET_VERIFY
-            last = torch.tensor([s + n - 1 for s, n in zip(starts, counts)], device=logits.device)
+            last = to_device(torch.tensor([s + n - 1 for s, n in zip(starts, counts)]), logits.device)
             logits = logits[last]
         return LogitsProcessorOutput(next_token_logits=logits)
 
