@@ -192,6 +192,13 @@ class SlotStep:
         known = to_device(torch.tensor(counts), slot_lists.device)
         return self.store.index_keys[source_layer], torch.where(entries[None, :] < known[:, None], slots, -1)
 
+    def ngram_histories(self, chunks: list[SequenceChunk]) -> list[torch.Tensor]:
+        _, _, slot_lists, _ = self.plan(chunks)
+        keep = self.store.args.engram_max_ngram_size - 1
+        chunk, position = to_device(ranges_rows([(b, max(0, c.start_pos - keep), c.start_pos)
+                                                 for b, c in enumerate(chunks)]), self.store.device)
+        return list(self.store.tokens[slot_lists[chunk, position]].split([min(keep, c.start_pos) for c in chunks]))
+
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         _, _, slot_lists, query_chunk = self.plan(chunks)
@@ -214,10 +221,6 @@ class SlotSequenceState:
 
     def compressed(self, source_layer: int) -> EntryCount:
         return self.sources[source_layer]
-
-    def ngram_history(self) -> torch.Tensor:
-        keep = self.store.args.engram_max_ngram_size - 1
-        return self.store.tokens[self.slots[max(0, self.num_tokens - keep): self.num_tokens]]
 
     def advance(self, token_ids: torch.Tensor) -> None:
         self.store.tokens[self.slots[self.num_tokens: self.num_tokens + token_ids.numel()]] = token_ids.long()

@@ -267,12 +267,15 @@ class PagedStep:
     context rows to check, each query's window) are computed once per table, from one copy of host-built
     positions, and reused by every layer of the group: a layer then costs one position gather, one record write
     and one metadata write, whatever the number of requests. Compressed entries are looked up for all query rows
-    and the index keys of every request at once, through the table of their ratio's owner."""
+    and the index keys of every request at once, through the table of their ratio's owner. Every owner is read
+    through its own block table: vLLM may put the window caches of different layers in different cache groups
+    that share physical tensors."""
 
     def __init__(self, args: ModelArgs, windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict,
                  metadata: dict, audit: StoredPositions):
         self.window, self.windows, self.metadata, self.audit = args.sliding_window, windows, metadata, audit
         self.head_dim, self.ratios, self.inputs = args.head_dim, args.layer_ratios, inputs
+        self.ngram_context = args.engram_max_ngram_size - 1
         self.compressed_owner = {s: owner for owner in compressed.values() for s in owner.sources}
         self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
         self.plans: dict[tuple, WindowPlan] = {}
@@ -346,6 +349,16 @@ class PagedStep:
         slots = owner.batch_slots(table, requests[:, None], entries[None, :])
         return owner.key_columns(source_layer), torch.where(entries[None, :] < known[:, None], slots, -1)
 
+    def ngram_histories(self, chunks: list[SequenceChunk]) -> list[torch.Tensor]:
+        owner = self.windows[0]
+        table = self.metadata[owner.layer_name].block_table
+        host = ranges_rows([(c.state.request, max(0, c.start_pos - self.ngram_context), c.start_pos) for c in chunks])
+        requests, positions = to_device(host, table.device)
+        slots = owner.batch_slots(table, requests, positions)
+        _, meta = self.columns(0)
+        self.audit.expect(meta[slots, 1], host[1], "layer 0: paged window cache (Engram history)")
+        return list(meta[slots, 0].long().split([min(self.ngram_context, c.start_pos) for c in chunks]))
+
     def query_requests(self, chunks: list[SequenceChunk], device: torch.device) -> torch.Tensor:
         """The request of every query row [query rows], copied to the device once per step."""
         key = tuple((c.state.request, c.num_query_rows) for c in chunks)
@@ -382,33 +395,19 @@ class PagedStep:
 
 
 class PagedSequenceState:
-    """``SequenceState`` of one request in one vLLM step, reading and writing vLLM's paged caches.
-
-    Every cache owner has its own block table: vLLM may put the window caches of different layers in different
-    cache groups that share physical tensors, so a layer's rows are only found through its own table. Slots are
-    computed on the caches' device and stored positions are checked through ``audit`` once per step, so a step
-    never waits on the device per request or layer; the window is written, and the compressed entries looked up,
-    for all requests at once by the step's ``batch_store``. ``token_ids``: this step's tokens of the request,
-    on the device."""
+    """``SequenceState`` of one request in one vLLM step: which request it is, where its rows start, its tokens
+    (on the device) and its compressed entry counts. The step's ``batch_store`` (``PagedStep``) reads and writes
+    vLLM's paged caches for all requests at once, computing slots on the caches' device and checking stored
+    positions once per step, so a step never waits on the device per request or layer."""
 
     def __init__(self, args: ModelArgs, request: int, start_pos: int, token_ids: torch.Tensor,
-                 batch_store: PagedStep, metadata: dict, audit: StoredPositions):
+                 batch_store: PagedStep):
         self.args, self.request, self.num_tokens, self.token_ids = args, request, start_pos, token_ids
-        self.batch_store, self.audit = batch_store, audit
-        self.history_row = metadata[batch_store.windows[0].layer_name].block_table[request]
+        self.batch_store = batch_store
         self.sources = {s: EntryCount(start_pos // args.layer_ratios[s]) for s in args.kv_source_layer_ids}
 
     def compressed(self, source_layer: int) -> EntryCount:
         return self.sources[source_layer]
-
-    def ngram_history(self) -> torch.Tensor:
-        first = max(0, self.num_tokens - (self.args.engram_max_ngram_size - 1))
-        positions = torch.arange(first, self.num_tokens, device=self.history_row.device)
-        slots = self.batch_store.windows[0].slots(self.history_row, positions)
-        _, meta = self.batch_store.columns(0)
-        self.audit.expect(meta[slots, 1], torch.arange(first, self.num_tokens),
-                          "layer 0: paged window cache (Engram history)")
-        return meta[slots, 0].long()
 
     def advance(self, token_ids: torch.Tensor) -> None:
         """Nothing to do: every piece of state was written into vLLM's pages during the forward."""

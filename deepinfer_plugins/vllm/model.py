@@ -66,7 +66,7 @@ def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tens
         if last == first:
             continue
         start_pos = first_meta.seq_lens[request] - (last - first)
-        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], batch_store, metadata, audit)
+        state = PagedSequenceState(args, request, start_pos, input_ids[first:last], batch_store)
         chunks.append(SequenceChunk(first, last - first, start_pos, state))
         rows.append((request, start_pos, last - first))
     if rows:

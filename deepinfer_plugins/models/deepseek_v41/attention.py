@@ -100,6 +100,9 @@ class PerSequenceStore:
             if open_group is not None:
                 state.pending_values, state.pending_gates = open_group
 
+    def ngram_histories(self, chunks: list[SequenceChunk]) -> list[list[int]]:
+        return [chunk.state.ngram_history() for chunk in chunks]
+
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = []
@@ -107,6 +110,11 @@ class PerSequenceStore:
             records = chunk.state.compressed(source_layer).latents
             parts.append((records.records, records.slots(chunk_entries)))
         return one_table(parts)
+
+
+def store_of(chunks: list[SequenceChunk], window: int) -> BatchStore:
+    """The ``batch_store`` the chunks' states share (engines), or a ``PerSequenceStore`` over their own caches."""
+    return getattr(chunks[0].state, "batch_store", None) or PerSequenceStore(window)
 
 
 def rope_inv_freq(args: ModelArgs, ratio: int) -> torch.Tensor:
@@ -245,7 +253,7 @@ class Attention(nn.Module):
         q, q_latent = self.queries(x_query, all_query_pos)
         key_x = torch.cat(key_rows)
         latents = self.window_latents(key_x, all_key_pos)
-        store = getattr(chunks[0].state, "batch_store", None) or PerSequenceStore(self.window)
+        store = store_of(chunks, self.window)
         if self.is_kv_source:
             self.publish_compressed(key_x, all_key_pos, chunks, store)
         window_cache, window_slots = store.window_keys(self.layer_id, latents, chunks)

@@ -61,6 +61,10 @@ class BatchStore(Protocol):
         index keys [sum counts, index_head_dim], unquantised: written as nvfp4 / mxfp4 records); ``open_groups``
         (ratio > 1): each chunk's inputs of its new open group, for stores that do not keep them already."""
 
+    def ngram_histories(self, chunks: list["SequenceChunk"]) -> list[torch.Tensor]:
+        """Each chunk's up to engram_max_ngram_size - 1 token ids before its rows, oldest first (int64, on the
+        model's device)."""
+
     def compressed_slots(self, source_layer: int, entries: torch.Tensor,
                          chunks: list["SequenceChunk"]) -> tuple[torch.Tensor, torch.Tensor]:
         """Compressed entry ids [query rows of every chunk, k] (-1 = none) of KV source ``source_layer`` ->
@@ -71,8 +75,8 @@ class SequenceState(Protocol):
     """The cache interface the layers use. ``SequenceCache`` is the in-memory reference implementation.
 
     Engines whose sequences share tables give every state of a batch the same ``batch_store`` attribute (a
-    ``BatchStore``), which then replaces ``window_records``, and their ``compressed`` states need only
-    ``num_entries`` (``EntryCount``); the model reads and writes per sequence otherwise."""
+    ``BatchStore``), which then replaces ``window_records`` and ``ngram_history``, and their ``compressed``
+    states need only ``num_entries`` (``EntryCount``); the model reads and writes per sequence otherwise."""
 
     num_tokens: int
 
@@ -85,9 +89,8 @@ class SequenceState(Protocol):
     def compressed(self, source_layer: int) -> "CompressedKV | EntryCount":
         """The shared compressed state published by KV-source layer ``source_layer``."""
 
-    def ngram_history(self) -> list[int] | torch.Tensor:
-        """Up to engram_max_ngram_size - 1 token ids preceding the next forward, oldest first (engines return
-        them as an int64 tensor on the model's device, read from their caches without a host copy)."""
+    def ngram_history(self) -> list[int]:
+        """Up to engram_max_ngram_size - 1 token ids preceding the next forward, oldest first."""
 
     def advance(self, token_ids: torch.Tensor) -> None:
         """Account for ``token_ids`` having been run (called once per forward, after every layer)."""

@@ -15,7 +15,7 @@ from torch import nn
 
 from ... import ops
 from .args import ConfigError, ModelArgs
-from .attention import Attention
+from .attention import Attention, store_of
 from .engram import Engram, EngramHasher
 from .kv_cache import SequenceCache, SequenceChunk
 from .linear import Linear
@@ -144,9 +144,11 @@ class DeepseekV41Model(nn.Module):
         drafter receives the target's features without a second forward.
         """
         self.check_tokens(token_ids)
-        engram_ids = self.hasher(torch.cat([token_ids[c.row_start: c.row_start + c.num_rows] for c in chunks]),
-                                 [c.state.ngram_history() for c in chunks],
-                                 [c.num_rows for c in chunks]) if self.args.engram_layer_ids else None
+        engram_ids = None
+        if self.args.engram_layer_ids:
+            histories = store_of(chunks, self.args.sliding_window).ngram_histories(chunks)
+            engram_ids = self.hasher(torch.cat([token_ids[c.row_start: c.row_start + c.num_rows] for c in chunks]),
+                                     histories, [c.num_rows for c in chunks])
         plans = [self.query_rows_per_layer(c.num_rows, bounded_replay) for c in chunks]
         x = self.embed(token_ids).to(self.dtype)
         streams = x[:, None, :].expand(-1, self.args.hc_mult, -1).contiguous()  # [rows, S, d]
