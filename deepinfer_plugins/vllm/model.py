@@ -28,7 +28,7 @@ from vllm.forward_context import get_forward_context
 
 from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
-from ..models.deepseek_v41.kv_cache import SequenceChunk, ranges_rows
+from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions, ranges_rows
 from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
 from ..models.deepseek_v41.sharding import shard_blocks
@@ -69,8 +69,8 @@ def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tens
         state = PagedSequenceState(args, request, start_pos, input_ids[first:last], batch_store)
         chunks.append(SequenceChunk(first, last - first, start_pos, state))
         rows.append((request, start_pos, last - first))
-    if rows:
-        expected = torch.cat([torch.arange(start, start + n) for _, start, n in rows])
+    if chunks:
+        expected = key_positions(chunks, "cpu")
         audit.expect(positions[: expected.numel()], expected, "vLLM's positions")
     return chunks, rows
 
