@@ -12,7 +12,6 @@ from torch.overrides import TorchFunctionMode
 
 PACKAGE = Path(__import__("deepinfer_plugins").__file__).parent
 HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__"}
-ONCE_PER_MOE_LAYER = ("models/deepseek_v41/moe.py", "forward")  # the routed experts' token counts
 TOKEN_CHECK = ("models/deepseek_v41/model.py", "check_tokens")
 
 

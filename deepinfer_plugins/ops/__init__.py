@@ -59,3 +59,8 @@ __all__ += ["indexer_scores_records", "indexer_topk", "indexer_topk_records"]
 from .gemm import linear_fp4, linear_fp8
 
 __all__ += ["linear_fp4", "linear_fp8"]
+
+# The routed experts of an MoE layer as one grouped op over stacked expert weights.
+from .moe import ExpertWeights, moe_experts
+
+__all__ += ["ExpertWeights", "moe_experts"]

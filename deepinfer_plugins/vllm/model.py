@@ -151,18 +151,19 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Official checkpoint names -> ``model.<name>``; vision/image tensors are skipped, and the drafter
         (``mtp.*``) unless DSpark speculation is configured."""
-        params = dict(self.model.named_parameters())
+        targets = self.model.state_dict(keep_vars=True)  # official names; routed experts as views of their stacks
         loaded: set[str] = set()
         for name, tensor in weights:
             if name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and self.model.drafter is None):
                 continue
-            if name not in params:
+            if name not in targets:
                 raise CheckpointError(f"unexpected tensor {name!r}: not part of the model the config describes")
-            param = params[name]
-            check_tensor(name, "the checkpoint", tensor.shape, tensor.dtype, param)
-            param.data = tensor.to(param.device) if tensor.dtype == param.dtype else tensor.to(param.dtype)
+            target = targets[name]
+            check_tensor(name, "the checkpoint", tensor.shape, tensor.dtype, target)
+            with torch.no_grad():
+                target.copy_(tensor)
             loaded.add(f"model.{name}")
-        missing = sorted(set(f"model.{n}" for n in params) - loaded)
+        missing = sorted(set(f"model.{n}" for n in targets) - loaded)
         if missing:
             raise CheckpointError(f"missing tensor {missing[0][len('model.'):]!r} ({len(missing)} missing in total)")
         if envs.keep_dense_weights():

@@ -5,8 +5,8 @@ time.
 
 The same steps run under a watch for host reads of tensors (``.item()``, ``.tolist()``, ``int()``, ...): on a
 GPU each one stalls the host until the device catches up. Outside the op kernels, a step may read the device
-only in three places: the token check and the stored-position audit (once per step) and the routed experts'
-counts (once per MoE layer). A read per request or per layer anywhere else fails the test.
+only in two places, once per step each: the token check and the stored-position audit. A read per request or per
+layer anywhere else fails the test.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import contextlib
 import pytest
 import torch
 
-from deepinfer_plugins.models.deepseek_v41.moe import MoE
-from integration_tests.host_reads import ONCE_PER_MOE_LAYER, TOKEN_CHECK, HostReadWatch
+from integration_tests.host_reads import TOKEN_CHECK, HostReadWatch
 from integration_tests.vllm.paged_caches import PagedCaches
 
 ONCE_PER_STEP = {("vllm/cache.py", "verify"), TOKEN_CHECK}
@@ -68,16 +67,16 @@ def test_paged_steps_give_the_in_memory_logits(core_model, one_window_table):
 
 
 @torch.no_grad()
-def test_a_step_reads_the_device_only_once_per_step_and_moe_layer(core_model):
+def test_a_step_reads_the_device_only_once_per_step(core_model):
+    """Outside the op kernels (whose device backends need no host reads: the grouped MoE kernel sizes its launch
+    from shapes), a step reads the device for the token check and the stored-position audit only."""
     watch = HostReadWatch()
     steps = schedule(decode_steps=3)
     run(core_model, steps, torch.Generator().manual_seed(1), watch=watch)
-    moe_layers = sum(isinstance(layer.ffn, MoE) for layer in core_model.layers)
     per_step = dict(watch.sites)
-    assert set(per_step) <= ONCE_PER_STEP | {ONCE_PER_MOE_LAYER}, f"host reads at {per_step}"
+    assert set(per_step) <= ONCE_PER_STEP, f"host reads at {per_step}"
     for site in ONCE_PER_STEP:
         assert per_step.get(site, 0) <= len(steps), per_step
-    assert per_step.get(ONCE_PER_MOE_LAYER, 0) <= moe_layers * len(steps), per_step
 
 
 @pytest.mark.parametrize("layer", [0, 5])

@@ -27,6 +27,8 @@ if TEST_DEVICE != "cpu" and not torch.cuda.is_available():
 def _to(value, device):
     if isinstance(value, torch.Tensor):
         return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple of tensors (ops.ExpertWeights)
+        return type(value)(*(_to(v, device) for v in value))
     if isinstance(value, (tuple, list)):
         return type(value)(_to(v, device) for v in value)
     return value

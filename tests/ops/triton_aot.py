@@ -136,7 +136,7 @@ def _launches() -> list[Launch]:
     (V4.1: b = 64 decode tokens, 8 with --quick). Only dtypes, shapes and constexprs reach the compiler, so the
     tensors are zeros and the pools small."""
     from deepinfer_plugins import ops
-    from deepinfer_plugins.ops.backends.triton_kernels import attention, gemm, indexer, mhc, misc, quant
+    from deepinfer_plugins.ops.backends.triton_kernels import attention, gemm, indexer, mhc, misc, moe, quant
 
     f32, bf16 = torch.float32, torch.bfloat16
     z = torch.zeros
@@ -232,6 +232,26 @@ def _launches() -> list[Launch]:
                 add(f"linear_fp8 {label}", gemm.linear_fp8, z(rows, in_features, dtype=bf16), w8, s8, config=config)
                 add(f"linear_fp4 {label}", gemm.linear_fp4, z(rows, in_features, dtype=bf16), w4, s4, config=config)
 
+    # grouped routed experts: the tests' shapes, then V4.1's d = 5120, I = 2304 at top-6 with every candidate tiling
+    # (8 experts: the expert count changes only the launch grid, not the compiled kernels)
+    def experts(n_experts, dim, inter):
+        return ops.ExpertWeights(z(n_experts, inter, dim // 2, dtype=torch.int8),
+                                 z(n_experts, inter, dim // 32, dtype=torch.float8_e8m0fnu),
+                                 z(n_experts, inter, dim // 2, dtype=torch.int8),
+                                 z(n_experts, inter, dim // 32, dtype=torch.float8_e8m0fnu),
+                                 z(n_experts, dim, inter // 2, dtype=torch.int8),
+                                 z(n_experts, dim, inter // 32, dtype=torch.float8_e8m0fnu))
+
+    for dim, inter in ((64, 96), (96, 32)):
+        for dtype in (f32, bf16):
+            for limit in (10.0, None):
+                add(f"moe_experts d={dim} I={inter} {dtype} limit={limit}", moe.moe_experts, z(5, dim, dtype=dtype),
+                    z(5, 3), torch.arange(15).reshape(5, 3) % 8, experts(8, dim, inter), limit)
+    v41_experts = experts(8, 5120, 2304)
+    for tokens in (1, 8, 64, 384):
+        for config in (None, *moe.CANDIDATE_CONFIGS):
+            add(f"moe_experts V4.1 T={tokens} {config or 'default'}", moe.moe_experts, z(tokens, 5120, dtype=bf16),
+                z(tokens, 6), torch.arange(tokens * 6).reshape(tokens, 6) % 8, v41_experts, 10.0, config=config)
     # indexer, top-k, pre-filter
     add("indexer_scores fp32", indexer.indexer_scores, z(3, 32, 128), z(3, 32), z(200, 128))
     add("indexer_scores_records fp32", indexer.indexer_scores_records, z(3, 32, 128), z(3, 32),
@@ -293,10 +313,10 @@ def _launches() -> list[Launch]:
 
 # ---- compile and report -------------------------------------------------------------------------------------------
 def _jit_functions() -> dict[str, triton.runtime.jit.JITFunction]:
-    from deepinfer_plugins.ops.backends.triton_kernels import attention, common, gemm, indexer, mhc, misc, quant
+    from deepinfer_plugins.ops.backends.triton_kernels import attention, common, gemm, indexer, mhc, misc, moe, quant
 
     return {f"{module.__name__.rsplit('.', 1)[1]}.{name}": obj
-            for module in (attention, common, gemm, indexer, mhc, misc, quant)
+            for module in (attention, common, gemm, indexer, mhc, misc, moe, quant)
             for name, obj in vars(module).items()
             if isinstance(obj, triton.runtime.jit.JITFunction) and obj.__module__ == module.__name__}
 

@@ -7,14 +7,12 @@ from torch import nn
 
 from ... import ops
 from .args import ModelArgs
-from .linear import Linear
+from .linear import WEIGHT_BLOCK, Linear
 
 
 class Expert(nn.Module):
-    """SwiGLU FFN: w2(silu(w1 x) * w3 x), with the activation clamp of ``swiglu_limit`` when given.
-
-    A routed expert's gate weight scales the activation before ``w2`` (as the reference does; scaling the
-    output instead rounds differently in bf16)."""
+    """The shared expert: SwiGLU FFN w2(silu(w1 x) * w3 x), with the activation clamp of ``swiglu_limit`` when
+    given (the routed experts run the same math in ``ops.moe_experts``)."""
 
     def __init__(self, dim: int, inter_dim: int, fmt: str, swiglu_limit: float | None):
         super().__init__()
@@ -23,12 +21,9 @@ class Expert(nn.Module):
         self.w3 = Linear(dim, inter_dim, fmt)
         self.swiglu_limit = swiglu_limit
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        """x [n, d], weights [n] (routed experts) -> [n, d]."""
-        hidden = ops.swiglu(self.w1(x), self.w3(x), self.swiglu_limit)
-        if weights is not None:
-            hidden = (hidden.float() * weights[:, None]).to(x.dtype)
-        return self.w2(hidden)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, d] -> [n, d]."""
+        return self.w2(ops.swiglu(self.w1(x), self.w3(x), self.swiglu_limit))
 
 
 class Gate(nn.Module):
@@ -46,13 +41,116 @@ class Gate(nn.Module):
         return ops.sqrtsoftplus_route(logits, self.bias, self.top_k, self.route_scale)
 
 
+class RoutedExperts(nn.Module):
+    """A layer's routed experts, each weight kind stacked over experts ([E, ...]) so that ``ops.moe_experts``
+    runs them all in one grouped call (the layout of DeepGEMM's grouped GEMMs and vLLM's fused MoE too).
+
+    The checkpoint names every expert's tensors on their own (``experts.{e}.w1.weight`` / ``.scale``); this
+    module's state dict uses those names, as views of the stacks, and loading stacks them back, so the loaders
+    and the checkpoint writer see only official names. ``from_dense`` builds float stacks (tensor-parallel
+    shards, which slice dequantised weights)."""
+
+    KINDS = ("w1", "w2", "w3")  # the checkpoint's order within an expert
+
+    def __init__(self, n_experts: int, dim: int, inter_dim: int, swiglu_limit: float | None):
+        super().__init__()
+        for size in (dim, inter_dim):
+            if size % WEIGHT_BLOCK:
+                raise ValueError(f"FP4 experts need dimensions divisible by {WEIGHT_BLOCK}, got {size}")
+        self.n_experts, self.swiglu_limit = n_experts, swiglu_limit
+        for kind, (out_features, in_features) in self._shapes(dim, inter_dim).items():
+            self.register_parameter(kind, nn.Parameter(
+                torch.empty(n_experts, out_features, in_features // 2, dtype=torch.int8), requires_grad=False))
+            self.register_parameter(f"{kind}_scale", nn.Parameter(
+                torch.empty(n_experts, out_features, in_features // WEIGHT_BLOCK, dtype=torch.float8_e8m0fnu),
+                requires_grad=False))
+
+    @staticmethod
+    def _shapes(dim: int, inter_dim: int) -> dict[str, tuple[int, int]]:
+        return {"w1": (inter_dim, dim), "w2": (dim, inter_dim), "w3": (inter_dim, dim)}
+
+    @classmethod
+    def from_dense(cls, weights: ops.ExpertWeights, swiglu_limit: float | None) -> "RoutedExperts":
+        experts = cls.__new__(cls)
+        nn.Module.__init__(experts)
+        experts.n_experts, experts.swiglu_limit = weights.w1.shape[0], swiglu_limit
+        for kind in cls.KINDS:
+            experts.register_parameter(kind, nn.Parameter(getattr(weights, kind).contiguous(), requires_grad=False))
+            experts.register_parameter(f"{kind}_scale", None)
+        return experts
+
+    def stored_weights(self) -> ops.ExpertWeights:
+        return ops.ExpertWeights(self.w1, self.w1_scale, self.w3, self.w3_scale, self.w2, self.w2_scale)
+
+    def dense_weights(self, dtype: torch.dtype) -> ops.ExpertWeights:
+        """Every expert dequantised into ``dtype`` (FP4 scales are per row, so the stack dequantises as rows)."""
+        stored = self.stored_weights()
+        if not stored.quantised:
+            return ops.ExpertWeights(*(w if w is None else w.to(dtype) for w in stored))
+
+        def dense(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            rows = ops.dequant_fp4_weight(weight.flatten(0, 1), scale.flatten(0, 1), dtype)
+            return rows.unflatten(0, weight.shape[:2])
+
+        return ops.ExpertWeights(dense(stored.w1, stored.w1_scale), None, dense(stored.w3, stored.w3_scale), None,
+                                 dense(stored.w2, stored.w2_scale), None)
+
+    def keep_dense(self, dtype: torch.dtype) -> None:
+        """As ``Linear.keep_dense``: keep the dequantised stacks (memory: their dense size)."""
+        self.dense = self.dense_weights(dtype)
+
+    def weights(self, dtype: torch.dtype) -> ops.ExpertWeights:
+        """What ``ops.moe_experts`` reads for activations of ``dtype``: the kept dense stacks, else the stored."""
+        dense = getattr(self, "dense", None)
+        return dense if dense is not None and dense.w1.dtype == dtype else self.stored_weights()
+
+    def _official_names(self, prefix: str, kind: str, suffix: str) -> list[str]:
+        return [f"{prefix}{expert}.{kind}.{suffix}" for expert in range(self.n_experts)]
+
+    def _stacks(self):
+        """(official name suffix, stacked parameter name, kind) for every stacked tensor this module holds."""
+        for kind in self.KINDS:
+            yield "weight", kind, kind
+            if getattr(self, f"{kind}_scale") is not None:
+                yield "scale", f"{kind}_scale", kind
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        stacks = {name: getattr(self, name) if keep_vars else getattr(self, name).detach()
+                  for _, name, _ in self._stacks()}
+        for expert in range(self.n_experts):
+            for suffix, name, kind in self._stacks():
+                destination[f"{prefix}{expert}.{kind}.{suffix}"] = stacks[name][expert]
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        incomplete = []
+        for suffix, name, kind in self._stacks():
+            names = self._official_names(prefix, kind, suffix)
+            absent = [n for n in names if n not in state_dict]
+            if absent:
+                missing_keys.extend(absent)
+                incomplete.append(prefix + name)
+                for n in names:
+                    state_dict.pop(n, None)
+            else:
+                state_dict[prefix + name] = torch.stack([state_dict.pop(n) for n in names])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        for name in incomplete:  # reported above under the official names
+            if name in missing_keys:
+                missing_keys.remove(name)
+
+    def extra_repr(self) -> str:
+        stored = "fp4" if self.w1_scale is not None else str(self.w1.dtype)
+        return f"experts={self.n_experts}, inter={self.w1.shape[1]}, {stored}"
+
+
 class MoE(nn.Module):
     def __init__(self, args: ModelArgs, dtype: torch.dtype, n_experts: int | None = None, top_k: int | None = None):
         super().__init__()
         n_experts = n_experts or args.n_routed_experts
         self.gate = Gate(args, n_experts, top_k or args.num_experts_per_tok, dtype)
-        self.experts = nn.ModuleList(
-            Expert(args.hidden_size, args.moe_intermediate_size, "fp4", args.swiglu_limit) for _ in range(n_experts))
+        self.experts = RoutedExperts(n_experts, args.hidden_size, args.moe_intermediate_size, args.swiglu_limit)
         shared_limit = args.swiglu_limit if args.clamp_shared_expert else None
         self.shared_experts = Expert(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts, "fp8",
                                      shared_limit)
@@ -60,15 +158,5 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, d] -> [n, d]: weighted routed experts (token choice) plus the shared expert."""
         weights, ids = self.gate(x)
-        routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        # (token, slot) pairs grouped by expert, tokens ascending within each; the per-expert counts are the
-        # layer's one read on the host (a GPU waits for it), since each expert's GEMM size depends on them
-        assignment = ids.flatten().argsort(stable=True)
-        token_of, slot_of = assignment // ids.shape[1], assignment % ids.shape[1]
-        start = 0
-        for expert, count in zip(self.experts, torch.bincount(ids.flatten(), minlength=len(self.experts)).tolist()):
-            if count:
-                token, slot = token_of[start: start + count], slot_of[start: start + count]
-                routed.index_add_(0, token, expert(x[token], weights[token, slot]).float())
-            start += count
+        routed = ops.moe_experts(x, weights, ids, self.experts.weights(x.dtype), self.experts.swiglu_limit)
         return (routed + self.shared_experts(x).float()).to(x.dtype)

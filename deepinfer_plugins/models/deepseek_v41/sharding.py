@@ -21,7 +21,7 @@ from torch import nn
 
 from .attention import Attention
 from .linear import Linear
-from .moe import MoE
+from .moe import MoE, RoutedExperts
 
 
 def _dense(linear: Linear, rows: slice = slice(None), cols: slice = slice(None)) -> Linear:
@@ -55,21 +55,31 @@ def shard_moe(moe: MoE, rank: int, world: int) -> MoE:
     """Rank ``rank`` of ``world`` of an MoE layer (every expert's intermediate dimension split)."""
     shard = copy.copy(moe)
     shard._modules = dict(moe._modules)
-    shard.experts = nn.ModuleList(_shard_expert(e, rank, world) for e in moe.experts)
+    shard.experts = _shard_routed(moe.experts, rank, world)
     shard.shared_experts = _shard_expert(moe.shared_experts, rank, world)
     return shard
 
 
-def _shard_expert(expert, rank: int, world: int):
-    inter = expert.w1.out_features
+def _expert_part(inter: int, rank: int, world: int) -> slice:
     if inter % world:
         raise ValueError(f"expert width {inter} cannot be split over {world} ranks")
-    part = slice(rank * inter // world, (rank + 1) * inter // world)
+    return slice(rank * inter // world, (rank + 1) * inter // world)
+
+
+def _shard_expert(expert, rank: int, world: int):
+    part = _expert_part(expert.w1.out_features, rank, world)
     shard = copy.copy(expert)
     shard._modules = dict(expert._modules)
     shard.w1, shard.w3 = _dense(expert.w1, rows=part), _dense(expert.w3, rows=part)
     shard.w2 = _dense(expert.w2, cols=part)
     return shard
+
+
+def _shard_routed(experts: RoutedExperts, rank: int, world: int) -> RoutedExperts:
+    dense = experts.dense_weights(torch.float32)
+    part = _expert_part(dense.w1.shape[1], rank, world)
+    return RoutedExperts.from_dense(dense._replace(w1=dense.w1[:, part], w3=dense.w3[:, part],
+                                                   w2=dense.w2[:, :, part]), experts.swiglu_limit)
 
 
 def shard_blocks(blocks, rank: int, world: int, all_reduce) -> None:

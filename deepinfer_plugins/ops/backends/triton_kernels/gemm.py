@@ -59,6 +59,37 @@ CANDIDATE_CONFIGS = tuple(
 MIN_K_BLOCKS_PER_SPLIT = 4  # fewer leaves the software pipeline nothing to overlap
 
 
+@triton.jit
+def fp4_codes(w_rows, k0, n_mask, K, BN: tl.constexpr, BK: tl.constexpr):
+    """Unscaled E2M1 values [BN, BK] of columns k0..k0+BK of the rows at ``w_rows`` (codes packed two per byte,
+    even k in the low nibble), 0 outside K and ``n_mask``."""
+    pair = k0 // 2 + tl.arange(0, BK // 2)
+    byte = tl.load(w_rows + pair[None, :], mask=n_mask[:, None] & (2 * pair[None, :] < K), other=0).to(tl.int32)
+    return tl.join(e2m1_decode(byte & 15), e2m1_decode((byte >> 4) & 15)).reshape(BN, BK)  # even, odd k
+
+
+@triton.jit
+def apply_block_scale(w, s_rows, k0, n_mask, K, BN: tl.constexpr, BK: tl.constexpr, SCALE_BYTES: tl.constexpr):
+    """w [BN, BK] (fp32, columns k0..) times the scale of each 32 columns, read at ``s_rows`` as UE8M0 bytes
+    (SCALE_BYTES) or fp32."""
+    group = k0 // 32 + tl.arange(0, BK // 32)
+    s_mask = n_mask[:, None] & (32 * group[None, :] < K)
+    if SCALE_BYTES:
+        scale = ue8m0_decode(tl.load(s_rows + group[None, :], mask=s_mask, other=127).to(tl.int32))
+    else:
+        scale = tl.load(s_rows + group[None, :], mask=s_mask, other=1.0)
+    return (w.reshape(BN, BK // 32, 32) * scale[:, :, None]).reshape(BN, BK)
+
+
+@triton.jit
+def accumulate_dot(acc, x, w, DOT_FP32: tl.constexpr):
+    """acc + x @ w^T for x [BM, BK], w [BN, BK]: exact fp32 products (ieee) for fp32 activations and in the
+    interpreter, tensor cores in x's dtype otherwise."""
+    if DOT_FP32:
+        return acc + tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w))
+
+
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split, w_row_stride, s_row_stride,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP4: tl.constexpr,
@@ -83,24 +114,12 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
         k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k[None, :] < K), other=0.0)
         if FP4:
-            pair = k0 // 2 + tl.arange(0, BK // 2)
-            byte = tl.load(w_rows + pair[None, :], mask=n_mask[:, None] & (2 * pair[None, :] < K),
-                           other=0).to(tl.int32)
-            w = tl.join(e2m1_decode(byte & 15), e2m1_decode((byte >> 4) & 15)).reshape(BN, BK)  # even, odd k
+            w = fp4_codes(w_rows, k0, n_mask, K, BN, BK)
         else:
             byte = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0).to(tl.int32)
             w = e4m3_decode(byte)
-        group = k0 // 32 + tl.arange(0, BK // 32)
-        s_mask = n_mask[:, None] & (32 * group[None, :] < K)
-        if SCALE_BYTES:
-            scale = ue8m0_decode(tl.load(s_rows + group[None, :], mask=s_mask, other=127).to(tl.int32))
-        else:
-            scale = tl.load(s_rows + group[None, :], mask=s_mask, other=1.0)
-        w = (w.reshape(BN, BK // 32, 32) * scale[:, :, None]).reshape(BN, BK).to(x_ptr.dtype.element_ty)
-        if DOT_FP32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
+        w = apply_block_scale(w, s_rows, k0, n_mask, K, BN, BK, SCALE_BYTES).to(x_ptr.dtype.element_ty)
+        acc = accumulate_dot(acc, x, w, DOT_FP32)
     out_mask = m_mask[:, None] & n_mask[None, :]
     offsets = m.to(tl.int64)[:, None] * N + n[None, :]
     if SPLIT:

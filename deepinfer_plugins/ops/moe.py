@@ -1,0 +1,74 @@
+"""Routed experts of one MoE layer as one op: every token's top-k experts, weighted by the router, summed.
+
+The experts are stacked (expert e's weights at index e of each tensor), the layout a grouped kernel reads with
+one pointer and a stride per expert. The reference runs the experts one after another, each on the tokens routed
+to it; that needs the per-expert token counts on the host (one read per layer, a GPU stall), which a grouped
+kernel avoids by sizing its launch from the shapes alone.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .gemm import linear_fp4
+from .reference import swiglu
+from .registry import registry
+
+
+class ExpertWeights(NamedTuple):
+    """Stacked SwiGLU expert weights: out = w2(silu(w1 x) * w3 x).
+
+    FP4: w1, w3 [E, I, d/2] and w2 [E, d, I/2] E2M1 packed two per int8, with E8M0 scales [E, I, d/32] and
+    [E, d, I/32] (the checkpoint's format per expert). Float: w1, w3 [E, I, d] and w2 [E, d, I], scales None."""
+
+    w1: torch.Tensor
+    w1_scale: torch.Tensor | None
+    w3: torch.Tensor
+    w3_scale: torch.Tensor | None
+    w2: torch.Tensor
+    w2_scale: torch.Tensor | None
+
+    @property
+    def quantised(self) -> bool:
+        return self.w1_scale is not None
+
+
+def expert_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """x @ W^T for one expert's slice of the stack, in x's dtype."""
+    if scale is None:
+        return x @ weight.to(x.dtype).t()
+    return linear_fp4.reference(x, weight, scale)
+
+
+@registry.reference("moe_experts")
+def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.Tensor, experts: ExpertWeights,
+                swiglu_limit: float | None) -> torch.Tensor:
+    """sum over j of route_weights[t, j] * expert_{expert_ids[t, j]}(x[t]) -> fp32 [T, d].
+
+    x [T, d]; route_weights [T, k] fp32; expert_ids [T, k] int64 (distinct per token). Per expert: the gate and
+    up projections in x's dtype, SwiGLU (clamped at ``swiglu_limit``), the router weight applied to the
+    activation and rounded to x's dtype (scaling the output instead rounds differently in bf16), the down
+    projection in x's dtype. The fp32 sum adds each token's experts in ascending expert id."""
+    routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    flat = expert_ids.flatten()
+    assignment = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens ascending in each
+    token_of, slot_of = assignment // expert_ids.shape[1], assignment % expert_ids.shape[1]
+    start = 0
+    for expert, count in enumerate(torch.bincount(flat, minlength=experts.w1.shape[0]).tolist()):
+        if count:
+            token, slot = token_of[start: start + count], slot_of[start: start + count]
+            rows = x[token]
+            gate = expert_linear(rows, experts.w1[expert], _at(experts.w1_scale, expert))
+            up = expert_linear(rows, experts.w3[expert], _at(experts.w3_scale, expert))
+            hidden = swiglu.reference(gate, up, swiglu_limit)
+            hidden = (hidden.float() * route_weights[token, slot][:, None]).to(x.dtype)
+            out = expert_linear(hidden, experts.w2[expert], _at(experts.w2_scale, expert))
+            routed.index_add_(0, token, out.float())
+        start += count
+    return routed
+
+
+def _at(scale: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if scale is None else scale[expert]
