@@ -263,7 +263,9 @@ def test_indexer_scores_from_records(d, dtype, gen):
     got = indexer.indexer_scores_records(q, w, records, slots)
     decoded = ops.cache_gather.reference(records, slots, "mxfp4", d, dtype)
     assert_bits_equal(got, indexer.indexer_scores(q, w, decoded))
-    assert_close(got, ops.indexer_scores_records.reference(q, w, records, slots), atol=1e-4, rtol=1e-5)
+    want = ops.indexer_scores_records.reference(q, w, records, slots)
+    # summation order only: an fp32 rounding of the largest terms (keys span 2^-8..2^8), also where the sum is ~0
+    assert_close(got, want, atol=1e-6 * want.abs().max().item(), rtol=1e-5)
 
 
 def test_indexer_topk_records_selects_the_reference_ids(gen):
