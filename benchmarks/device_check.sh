@@ -27,7 +27,7 @@ timeout 90 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pi
 log "2/6 CUDA extension build (background) + Triton kernel tests on the GPU"
 ( timeout 150 "$PY" kernels/cuda/build.py >"$OUT/build.txt" 2>&1; echo "build rc=$?" >>"$OUT/build.txt" ) &
 build_pid=$!
-DEEPINFER_TEST_DEVICE=cuda timeout 100 "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/ops/test_triton_kernels.py \
+DEEPINFER_TEST_DEVICE=cuda timeout 100 "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/ops/test_triton_kernels.py tests/ops/test_triton_moe.py \
   >"$OUT/tests.txt" 2>&1; log "triton GPU tests rc=$? ($(tail -1 "$OUT/tests.txt"))"
 wait "$build_pid"; log "$(tail -1 "$OUT/build.txt")"
 

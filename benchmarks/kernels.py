@@ -137,6 +137,36 @@ def sparse_attention_records_case(rows: int, device: str, g, rotations: int, sha
     return Case(f"sparse_attention_records[T={rows}{', shared' if shared else ''}]", args_list, nbytes, flops, True)
 
 
+def moe_experts_case(tokens: int, experts: ops.ExpertWeights, g) -> Case:
+    """One MoE layer's routed experts at V4.1 shapes (top-6 of the stack, router-like weights): bytes are the
+    touched experts' FP4 weights and scales (17/32 B per parameter) plus activations."""
+    n_experts, inter, half_dim = experts.w1.shape
+    dim = 2 * half_dim
+    device = experts.w1.device
+    ids = torch.rand(tokens, n_experts, generator=g).argsort(dim=1)[:, :6].to(device)
+    weights = torch.rand(tokens, 6, generator=g).to(device)
+    x = torch.randn(tokens, dim, generator=g).to(torch.bfloat16).to(device)
+    touched = int(ids.unique().numel())
+    nbytes = touched * 3 * dim * inter * 17 // 32 + tokens * dim * (2 + 4)
+    return Case(f"moe_experts[T={tokens}, E={n_experts}]", [(x, weights, ids, experts, 10.0)], nbytes,
+                tokens * 6 * 3 * 2 * dim * inter, notes=dict(touched=touched))
+
+
+def v41_experts(n_experts: int, device: str) -> ops.ExpertWeights:
+    """A stack of random FP4 experts (d = 5120, I = 2304) made on the device (a full layer's 384 are 6.8 GB)."""
+    torch.manual_seed(0)
+
+    def codes(*shape):
+        return torch.randint(-128, 128, shape, dtype=torch.int8, device=device)
+
+    def scales(*shape):
+        return torch.randint(118, 123, shape, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
+
+    return ops.ExpertWeights(codes(n_experts, 2304, 2560), scales(n_experts, 2304, 160),
+                             codes(n_experts, 2304, 2560), scales(n_experts, 2304, 160),
+                             codes(n_experts, 5120, 1152), scales(n_experts, 5120, 72))
+
+
 def cases(device: str, quick: bool) -> list[Case]:
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -195,6 +225,11 @@ def cases(device: str, quick: bool) -> list[Case]:
     ids = torch.randint(0, table.shape[0], (b, 48), generator=g)
     out.append(Case("engram_gather", [(table.to(device), tscale.to(device), ids.to(device), torch.bfloat16)],
                     b * 48 * (264 + 512)))
+    # a layer's routed experts: all 384 on a GPU (decode, a batch, a prefill chunk); 8 on a CPU, where the
+    # reference dequantises every touched expert per call
+    experts = v41_experts(384 if device == "cuda" and not quick else 8, device)
+    for tokens in ((1, b, 512) if device == "cuda" else (b,)):
+        out.append(moe_experts_case(tokens, experts, g))
     rotations = 1 if device == "cpu" else 4  # last: with --sweep these are most of the run
     for rows in ((8,) if quick or device == "cpu" else SPARSE_ROWS):
         out.append(sparse_attention_case(rows, device, g, rotations))
@@ -257,6 +292,21 @@ def gemm_variants(device: str) -> dict:
     return variants
 
 
+def moe_variants(sweep: bool) -> dict:
+    """The path the model took before the grouped kernel (one registry linear_fp4 call per projection and
+    expert, the expert counts read on the host) and, with --sweep, every Triton tile configuration."""
+    from deepinfer_plugins.ops.moe import experts_one_by_one
+
+    variants = {"per-expert linear_fp4 loop": lambda *a: experts_one_by_one(*a, ops.linear_fp4)}
+    if sweep:
+        from deepinfer_plugins.ops.backends.triton_kernels import moe as triton_moe
+
+        for c in triton_moe.CANDIDATE_CONFIGS:
+            name = f"triton bm{c.block_m} bn{c.block_n} bk{c.block_k} w{c.num_warps} s{c.num_stages}"
+            variants[name] = lambda *a, c=c: triton_moe.moe_experts(*a, config=c)
+    return variants
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -285,6 +335,8 @@ def main() -> None:
                 impls.update(sweep)
             if op_name in ("linear_fp8", "linear_fp4"):
                 impls.update((name, fn) for name, fn in gemm_sweep.items() if name.startswith(op_name + " "))
+            if op_name == "moe_experts":
+                impls.update(moe_variants(args.sweep))
         first = case.args_list[0]
         ref_out = None
         reference_seconds = None

@@ -8,7 +8,7 @@ kernel avoids by sizing its launch from the shapes alone.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -35,13 +35,6 @@ class ExpertWeights(NamedTuple):
         return self.w1_scale is not None
 
 
-def expert_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """x @ W^T for one expert's slice of the stack, in x's dtype."""
-    if scale is None:
-        return x @ weight.to(x.dtype).t()
-    return linear_fp4.reference(x, weight, scale)
-
-
 @registry.reference("moe_experts")
 def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.Tensor, experts: ExpertWeights,
                 swiglu_limit: float | None) -> torch.Tensor:
@@ -51,20 +44,31 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     up projections in x's dtype, SwiGLU (clamped at ``swiglu_limit``), the router weight applied to the
     activation and rounded to x's dtype (scaling the output instead rounds differently in bf16), the down
     projection in x's dtype. The fp32 sum adds each token's experts in ascending expert id."""
+    return experts_one_by_one(x, route_weights, expert_ids, experts, swiglu_limit, linear_fp4.reference)
+
+
+def experts_one_by_one(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.Tensor,
+                       experts: ExpertWeights, swiglu_limit: float | None, fp4_linear: Callable) -> torch.Tensor:
+    """The reference's loop with its FP4 projections done by ``fp4_linear`` (the benchmark passes the registry's
+    ``linear_fp4``: the per-expert path a model without a grouped kernel runs)."""
     routed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat = expert_ids.flatten()
     assignment = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens ascending in each
     token_of, slot_of = assignment // expert_ids.shape[1], assignment % expert_ids.shape[1]
+
+    def project(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        return rows @ weight.to(rows.dtype).t() if scale is None else fp4_linear(rows, weight, scale)
+
     start = 0
     for expert, count in enumerate(torch.bincount(flat, minlength=experts.w1.shape[0]).tolist()):
         if count:
             token, slot = token_of[start: start + count], slot_of[start: start + count]
             rows = x[token]
-            gate = expert_linear(rows, experts.w1[expert], _at(experts.w1_scale, expert))
-            up = expert_linear(rows, experts.w3[expert], _at(experts.w3_scale, expert))
+            gate = project(rows, experts.w1[expert], _at(experts.w1_scale, expert))
+            up = project(rows, experts.w3[expert], _at(experts.w3_scale, expert))
             hidden = swiglu.reference(gate, up, swiglu_limit)
             hidden = (hidden.float() * route_weights[token, slot][:, None]).to(x.dtype)
-            out = expert_linear(hidden, experts.w2[expert], _at(experts.w2_scale, expert))
+            out = project(hidden, experts.w2[expert], _at(experts.w2_scale, expert))
             routed.index_add_(0, token, out.float())
         start += count
     return routed
