@@ -5,9 +5,12 @@ import pytest
 import torch
 
 from deepinfer_plugins import ops
+from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer_plugins.models.deepseek_v41.args import ModelArgs
 from deepinfer_plugins.models.deepseek_v41.moe import MoE, RoutedExperts
 from deepinfer_plugins.models.deepseek_v41.sharding import shard_moe
+
+from ..conftest import prompt
 
 E, D, I = 6, 64, 96
 
@@ -128,3 +131,12 @@ def test_tensor_parallel_shards_of_the_routed_experts_sum_to_the_whole(gen):
     assert shards[0].experts.w1.shape == (args.n_routed_experts, args.moe_intermediate_size // 2, args.hidden_size)
     total = sum(shard(x) for shard in shards)
     torch.testing.assert_close(total, moe(x), atol=1e-5, rtol=1e-4)
+
+
+def test_keep_dense_weights_covers_the_routed_experts_and_changes_no_logit(tiny256_dir):
+    model = DeepseekV41ForCausalLM.from_pretrained(tiny256_dir)
+    ids = prompt(12, 1)
+    want = model(ids)
+    model.keep_dense_weights()
+    assert not any(layer.ffn.experts.weights(model.dtype).quantised for layer in model.layers)
+    assert torch.equal(model(ids), want)

@@ -19,7 +19,7 @@ from .attention import Attention, store_of
 from .engram import Engram, EngramHasher
 from .kv_cache import SequenceCache, SequenceChunk
 from .linear import Linear
-from .moe import MoE
+from .moe import MoE, RoutedExperts
 from .norm import RMSNorm
 
 
@@ -128,7 +128,7 @@ class DeepseekV41Model(nn.Module):
         """Dequantise every quantised projection once and keep the fp32 head: the CPU decode fast path.
         Costs the dense size of every weight (see linear.py); results are unchanged."""
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, RoutedExperts)):
                 module.keep_dense(self.dtype)
         self.head.dense = self.head.weight.float()
         return self
