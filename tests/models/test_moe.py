@@ -117,18 +117,21 @@ def test_an_expert_no_token_chose_and_an_empty_batch(gen):
     assert empty.shape == (0, D) and empty.dtype == torch.float32
 
 
-def test_tensor_parallel_shards_of_the_routed_experts_sum_to_the_whole(gen):
-    args = ModelArgs.preset("tiny")
+@pytest.mark.parametrize("inter,fp4_shards", [(32, False), (64, True)])
+def test_tensor_parallel_shards_of_the_routed_experts_sum_to_the_whole(inter, fp4_shards, gen):
+    """Two ranks: 32-wide experts split into 16-column halves (not a scale block: dequantised shards), 64-wide ones
+    into two FP4 halves of one scale block each."""
+    args = ModelArgs.preset("tiny", moe_intermediate_size=inter)
     moe = MoE(args, torch.float32)
-    moe.experts = random_experts(gen, args.n_routed_experts, args.hidden_size, args.moe_intermediate_size)
+    moe.experts = random_experts(gen, args.n_routed_experts, args.hidden_size, inter)
     for linear in (moe.shared_experts.w1, moe.shared_experts.w2, moe.shared_experts.w3):
         linear.weight.data, linear.scale.data = ops.quantize_fp8_weight(
             torch.randn(linear.out_features, linear.in_features, generator=gen) / linear.in_features ** 0.5)
     torch.nn.init.normal_(moe.gate.weight, generator=gen)
     x = torch.randn(7, args.hidden_size, generator=gen)
     shards = [shard_moe(moe, rank, 2) for rank in range(2)]
-    assert not shards[0].experts.weights(x.dtype).quantised
-    assert shards[0].experts.w1.shape == (args.n_routed_experts, args.moe_intermediate_size // 2, args.hidden_size)
+    assert shards[0].experts.weights(x.dtype).quantised == fp4_shards
+    assert shards[1].experts.w1.shape[:2] == (args.n_routed_experts, inter // 2)
     total = sum(shard(x) for shard in shards)
     torch.testing.assert_close(total, moe(x), atol=1e-5, rtol=1e-4)
 

@@ -47,8 +47,8 @@ class RoutedExperts(nn.Module):
 
     The checkpoint names every expert's tensors on their own (``experts.{e}.w1.weight`` / ``.scale``); this
     module's state dict uses those names, as views of the stacks, and loading stacks them back, so the loaders
-    and the checkpoint writer see only official names. ``from_dense`` builds float stacks (tensor-parallel
-    shards, which slice dequantised weights)."""
+    and the checkpoint writer see only official names. ``from_weights`` wraps given stacks (tensor-parallel
+    shards)."""
 
     KINDS = ("w1", "w2", "w3")  # the checkpoint's order within an expert
 
@@ -70,13 +70,16 @@ class RoutedExperts(nn.Module):
         return {"w1": (inter_dim, dim), "w2": (dim, inter_dim), "w3": (inter_dim, dim)}
 
     @classmethod
-    def from_dense(cls, weights: ops.ExpertWeights, swiglu_limit: float | None) -> "RoutedExperts":
+    def from_weights(cls, weights: ops.ExpertWeights, swiglu_limit: float | None) -> "RoutedExperts":
+        """Experts holding ``weights`` as given (FP4 stacks, or float stacks with no scales)."""
         experts = cls.__new__(cls)
         nn.Module.__init__(experts)
         experts.n_experts, experts.swiglu_limit = weights.w1.shape[0], swiglu_limit
         for kind in cls.KINDS:
-            experts.register_parameter(kind, nn.Parameter(getattr(weights, kind).contiguous(), requires_grad=False))
-            experts.register_parameter(f"{kind}_scale", None)
+            for name in (kind, f"{kind}_scale"):
+                tensor = getattr(weights, name)
+                experts.register_parameter(name, None if tensor is None else
+                                           nn.Parameter(tensor.contiguous(), requires_grad=False))
         return experts
 
     def stored_weights(self) -> ops.ExpertWeights:

@@ -7,9 +7,10 @@ caches are the same on every rank). MoE splits every expert's intermediate dimen
 ``w2`` columns); the router is replicated. Each rank's sublayer output is a partial sum: an all-reduce (sum)
 over ranks gives the unsharded output, which is what the mHC expand consumes.
 
-The shards are built from dequantised weights, so any split is exact; a deployment keeps the FP8/FP4 tensors
-and needs split points on 32-column scale blocks (true for the released sizes: 1024-wide groups, 2304-wide
-experts split 2, 4 or 8 ways).
+Routed experts keep their FP4 stacks when every split point falls on a 32-column scale block (true for the
+released 2304-wide experts split 2, 4 or 8 ways), so a shard reads 1/tp of the FP4 bytes; the other shards are
+built from dequantised weights, so any split is exact (attention and the shared expert still are: a deployment
+would keep their FP8 tensors, split on 32-column blocks, 1024-wide groups).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import copy
 import torch
 from torch import nn
 
+from ... import ops
 from .attention import Attention
-from .linear import Linear
+from .linear import WEIGHT_BLOCK, Linear
 from .moe import MoE, RoutedExperts
 
 
@@ -76,10 +78,19 @@ def _shard_expert(expert, rank: int, world: int):
 
 
 def _shard_routed(experts: RoutedExperts, rank: int, world: int) -> RoutedExperts:
-    dense = experts.dense_weights(torch.float32)
-    part = _expert_part(dense.w1.shape[1], rank, world)
-    return RoutedExperts.from_dense(dense._replace(w1=dense.w1[:, part], w3=dense.w3[:, part],
-                                                   w2=dense.w2[:, :, part]), experts.swiglu_limit)
+    """Every routed expert's slice of the intermediate dimension. FP4 stacks stay FP4 when the slice starts and
+    ends on a 32-column scale block (2304-wide experts over 2, 4 or 8 ranks); otherwise the slice is dequantised."""
+    stored = experts.stored_weights()
+    part = _expert_part(stored.w1.shape[1], rank, world)
+    if stored.quantised and part.start % WEIGHT_BLOCK == 0 and part.stop % WEIGHT_BLOCK == 0:
+        packed, blocks = slice(part.start // 2, part.stop // 2), slice(part.start // WEIGHT_BLOCK,
+                                                                       part.stop // WEIGHT_BLOCK)
+        shard = ops.ExpertWeights(stored.w1[:, part], stored.w1_scale[:, part], stored.w3[:, part],
+                                  stored.w3_scale[:, part], stored.w2[:, :, packed], stored.w2_scale[:, :, blocks])
+    else:
+        dense = experts.dense_weights(torch.float32)
+        shard = dense._replace(w1=dense.w1[:, part], w3=dense.w3[:, part], w2=dense.w2[:, :, part])
+    return RoutedExperts.from_weights(shard, experts.swiglu_limit)
 
 
 def shard_blocks(blocks, rank: int, world: int, all_reduce) -> None:
