@@ -162,10 +162,10 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
             check_tensor(name, "the checkpoint", tensor.shape, tensor.dtype, target)
             with torch.no_grad():
                 target.copy_(tensor)
-            loaded.add(f"model.{name}")
-        missing = sorted(set(f"model.{n}" for n in targets) - loaded)
+            loaded.add(name)
+        missing = sorted(set(targets) - loaded)
         if missing:
-            raise CheckpointError(f"missing tensor {missing[0][len('model.'):]!r} ({len(missing)} missing in total)")
+            raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total)")
         if envs.keep_dense_weights():
             self.model.keep_dense_weights()
         if self.tensor_parallel > 1:
@@ -173,4 +173,4 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
 
             shard_blocks(self.model.layers, get_tensor_model_parallel_rank(), self.tensor_parallel,
                          tensor_model_parallel_all_reduce)
-        return loaded
+        return {f"model.{name}" for name, _ in self.model.named_parameters()}  # vLLM checks parameter names
