@@ -58,16 +58,13 @@ class RoutedExperts(nn.Module):
             if size % WEIGHT_BLOCK:
                 raise ValueError(f"FP4 experts need dimensions divisible by {WEIGHT_BLOCK}, got {size}")
         self.n_experts, self.swiglu_limit = n_experts, swiglu_limit
-        for kind, (out_features, in_features) in self._shapes(dim, inter_dim).items():
+        shapes = {"w1": (inter_dim, dim), "w2": (dim, inter_dim), "w3": (inter_dim, dim)}  # [out, in] per expert
+        for kind, (out_features, in_features) in shapes.items():
             self.register_parameter(kind, nn.Parameter(
                 torch.empty(n_experts, out_features, in_features // 2, dtype=torch.int8), requires_grad=False))
             self.register_parameter(f"{kind}_scale", nn.Parameter(
                 torch.empty(n_experts, out_features, in_features // WEIGHT_BLOCK, dtype=torch.float8_e8m0fnu),
                 requires_grad=False))
-
-    @staticmethod
-    def _shapes(dim: int, inter_dim: int) -> dict[str, tuple[int, int]]:
-        return {"w1": (inter_dim, dim), "w2": (dim, inter_dim), "w3": (inter_dim, dim)}
 
     @classmethod
     def from_weights(cls, weights: ops.ExpertWeights, swiglu_limit: float | None) -> "RoutedExperts":
