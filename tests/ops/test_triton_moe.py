@@ -55,7 +55,7 @@ def assert_matches(got, want, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens,top_k", [(1, 2), (5, 6), (37, 3)])
+@pytest.mark.parametrize("tokens,top_k", [(1, 1), (1, 6), (5, 6), (37, 3)])
 @pytest.mark.parametrize("dim,inter", [(64, 96), (96, 32)])
 def test_moe_experts_match_the_reference(dim, inter, tokens, top_k, dtype, gen):
     experts = stacked_experts(gen, 8, dim, inter)
