@@ -82,7 +82,7 @@ def test_draft_stages_are_swa_blocks_with_the_draft_moe(tiny256):
         assert not stage.attn.is_kv_source and not stage.attn.is_index_source
         torch.testing.assert_close(stage.attn.inv_freq, rope_inv_freq(a, 0))  # main RoPE, no YaRN
         assert stage.ffn.gate.top_k == a.dspark_num_experts_per_tok
-        assert len(stage.ffn.experts) == a.dspark_n_routed_experts
+        assert stage.ffn.experts.n_experts == a.dspark_n_routed_experts
 
 
 def test_checkpoint_round_trip(tiny256_dir, tiny256):
