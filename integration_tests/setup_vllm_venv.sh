@@ -2,7 +2,7 @@
 # Build (or refresh) the vLLM CPU test environment `.venv-vllm` at the repo root.
 #
 # Idempotent: re-running reuses the venv and only re-applies the fix-ups.
-# Why each step exists: docs/vllm_internals.md and /work/shared/spec/serving_frameworks.md §3.
+# Why each step exists: docs/vllm_internals.md and ../shared/spec/serving_frameworks.md §3.
 #
 # Env knobs:
 #   PYTHON            interpreter for the venv (default: python3.11, else python3)

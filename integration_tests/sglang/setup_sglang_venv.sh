@@ -3,7 +3,7 @@
 #
 # Idempotent: re-running reuses the venv, skips the SGLang install when the wanted version is
 # already there, and re-installs deepinfer editable (cheap). Measured facts behind each step:
-# /work/shared/spec/serving_frameworks.md §2 and §4 (SGLang 0.5.23 installs on a CPU box,
+# ../shared/spec/serving_frameworks.md §2 and §4 (SGLang 0.5.23 installs on a CPU box,
 # ~11 GB with CUDA torch + NVIDIA libs; imports and registries work, serving does not).
 #
 # Env knobs:
