@@ -3,10 +3,12 @@
 # limits add up to ~9 minutes. Every step has its own time limit and logs to $OUT, so a step that fails or runs
 # long costs only itself.
 #   1. install the package offline (no index there: --no-deps --no-build-isolation; the image has torch, triton)
-#   2. build the CUDA extension for sm_90a in the background while the Triton kernel tests run compiled on the
-#      GPU (DEEPINFER_TEST_DEVICE=cuda: the same tests CI runs under the interpreter)
+#   2. build the CUDA extension for sm_90a in the background while the Triton kernel tests (the grouped MoE
+#      kernels' too) run compiled on the GPU (DEEPINFER_TEST_DEVICE=cuda: the same tests CI runs under the
+#      interpreter)
 #   3. a smoke test of the wgmma kernel, which has never run: if it fails or hangs, the benchmark leaves it out
-#   4. benchmarks/kernels.py --check --sweep: every backend and attention variant checked and timed at V4.1 shapes
+#   4. benchmarks/kernels.py --check --sweep: every backend and attention / GEMM / MoE variant checked and timed at
+#      V4.1 shapes (moe_experts on all 384 experts against the per-expert linear_fp4 loop)
 #   5. the tiny model on the GPU (CUDA + Triton kernels selected by the registry) against the CPU reference
 #   6. the CUDA kernels against their references (kernels/cuda/tests)
 # Usage (device tool): bash benchmarks/device_check.sh      (OUT defaults to ./device_out)
