@@ -78,15 +78,20 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inver
 
 
 @triton.jit
+def swiglu_values(g, u, limit, HAS_LIMIT: tl.constexpr):
+    """silu(min(g, limit)) * clamp(u, -limit, limit) for fp32 g, u (no clamp without HAS_LIMIT)."""
+    if HAS_LIMIT:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _swiglu_kernel(g_ptr, u_ptr, out_ptr, N, limit, HAS_LIMIT: tl.constexpr, BN: tl.constexpr):
     n = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
     g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-    if HAS_LIMIT:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
+    tl.store(out_ptr + n, swiglu_values(g, u, limit, HAS_LIMIT).to(out_ptr.dtype.element_ty), mask=n < N)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit) -> torch.Tensor:

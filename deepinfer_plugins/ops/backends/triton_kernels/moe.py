@@ -25,6 +25,7 @@ import triton.language as tl
 from ...moe import ExpertWeights
 from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty
 from .gemm import SCALE_BLOCK, accumulate_dot, apply_block_scale, fp4_codes
+from .misc import swiglu_values
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,8 @@ def _moe_gate_up_kernel(x_ptr, route_ptr, order_ptr, block_expert_ptr, block_row
             gate = accumulate_dot(gate, x, w1.to(x_ptr.dtype.element_ty), DOT_FP32)
             up = accumulate_dot(up, x, w3.to(x_ptr.dtype.element_ty), DOT_FP32)
         dtype = x_ptr.dtype.element_ty
-        gate = gate.to(dtype).to(tl.float32)
-        up = up.to(dtype).to(tl.float32)
-        if HAS_LIMIT:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-        act = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype).to(tl.float32)
+        act = swiglu_values(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), limit, HAS_LIMIT)
+        act = act.to(dtype).to(tl.float32)
         act = act * tl.load(route_ptr + assignment, mask=row_mask, other=0.0)[:, None]
         tl.store(act_ptr + rows.to(tl.int64)[:, None] * I + n[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & n_mask[None, :])
