@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41.linear import Linear
@@ -137,7 +138,8 @@ def _pretend_cuda(monkeypatch, capability):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
 
 
-@pytest.mark.parametrize("capability, ops_registered", [((9, 0), {"linear_fp8"}), ((10, 0), {"linear_fp8", "linear_fp4"}),
+@pytest.mark.parametrize("capability, ops_registered", [((9, 0), {"linear_fp8"}),
+                                                       ((10, 0), {"linear_fp8", "linear_fp4", "moe_experts"}),
                                                        ((8, 0), set())])
 def test_deepgemm_registers_per_architecture(monkeypatch, capability, ops_registered):
     monkeypatch.setitem(sys.modules, "deep_gemm", FakeDeepGemm(capability[0]))
@@ -178,7 +180,7 @@ class FakeDeepGemm(types.ModuleType):
 
     def __init__(self, arch):
         super().__init__("deep_gemm")
-        self.arch, self.calls = arch, []
+        self.arch, self.calls, self.transforms, self.grouped_calls = arch, [], [], 0
 
     def fp8_gemm_nt(self, a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
                     disable_ue8m0_cast=False, alpha=None):
@@ -211,6 +213,52 @@ class FakeDeepGemm(types.ModuleType):
         b_deq = b_values * _expand(sfb, gran_n, gran_k, n, k)
         self.calls.append({"recipe": recipe, "a": a_deq, "b": b_deq, "b_data": b_data, "sfb": sfb})
         d.copy_((a_deq @ b_deq.t()).to(d.dtype))
+
+    # grouped GEMMs: contiguous layout with PSUM offsets, weight scales pre-packed by the library
+    alignment = 128
+
+    def get_mk_alignment_for_contiguous_layout(self):
+        return self.alignment
+
+    def transform_sf_into_required_layout(self, sf, mn, k, recipe, num_groups=None, is_sfa=None,
+                                          disable_ue8m0_cast=False, psum_layout=None):
+        """Weight scales to an opaque int32 tensor (here: one exponent byte per int; the real layout packs four,
+        TMA-aligned, MN-major), remembered so the GEMM can check it got the library's own tensor."""
+        assert self.arch == 10 and recipe == (1, 1, 32) and is_sfa is False and not disable_ue8m0_cast
+        assert sf.dtype == torch.float32 and sf.shape == (num_groups, mn, k // 32)
+        mantissa, _ = torch.frexp(sf)
+        assert torch.all(mantissa == 0.5), "UE8M0 needs power-of-two scales"
+        packed = (sf.view(torch.int32) >> 23).contiguous()
+        self.transforms.append(packed)
+        return packed
+
+    def m_grouped_fp8_fp4_gemm_nt_contiguous(self, a, b, d, grouped_layout, recipe=None, recipe_a=None,
+                                             recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False,
+                                             use_psum_layout=False, ensure_zero_padding=True,
+                                             expected_m_for_psum_layout=None):
+        """Group g owns rows [align(end[g-1]), end[g]) of a and d; rows outside every group are left unwritten
+        (NaN here), as the kernel leaves them."""
+        (a_data, sfa), (b_data, sfb) = a, b
+        assert self.arch == 10 and use_psum_layout and recipe == (1, 1, 32)
+        assert a_data.dtype == torch.float8_e4m3fn and a_data.stride(-1) == 1
+        m, k = a_data.shape
+        groups, n = b_data.shape[:2]
+        assert b_data.dtype == torch.int8 and b_data.shape[2] * 2 == k and b_data.is_contiguous()
+        assert sfa.dtype == torch.float32 and sfa.shape == (m, k // 32)
+        assert any(sfb is t for t in self.transforms), "weight scales must be the library's packed tensor"
+        assert grouped_layout.dtype == torch.int32 and grouped_layout.shape == (groups,)
+        assert d.dtype == torch.bfloat16 and d.shape == (m, n)
+        ends = grouped_layout.tolist()
+        assert ends == sorted(ends) and ends[-1] <= m
+        d.fill_(float("nan"))
+        start = 0
+        for g, end in enumerate(ends):
+            if end > start:
+                a_deq = a_data[start:end].double() * _expand(sfa[start:end], 1, 32, end - start, k)
+                b_deq = _unpack_e2m1(b_data[g]) * _expand(2.0 ** (sfb[g].double() - 127), 1, 32, n, k)
+                d[start:end] = (a_deq @ b_deq.t()).to(d.dtype)
+            start = -(-end // self.alignment) * self.alignment
+        self.grouped_calls += 1
 
 
 def _expand(sf, gran_rows, gran_k, rows, k):
@@ -324,6 +372,149 @@ def test_deepgemm_declines_what_it_cannot_take_exactly(fake_deep_gemm, arch, fmt
     wrapper = deepgemm_backend.linear_fp8 if fmt == "fp8" else deepgemm_backend.linear_fp4
     assert wrapper(x, weight, scale, arch=arch) is NotImplemented
     assert not fake.calls
+
+
+# --- DeepGEMM grouped routed experts -----------------------------------------------------------------------
+
+# Two E4M3 activations in series (x before gate / up, the weighted SwiGLU output before down): about sqrt(2) times
+# one projection's error (2.7% at these shapes), more where SwiGLU's slope exceeds 1; 5.2% measured.
+MOE_FP8_REL_TOL = 0.08
+
+
+def _stacked_fp4_experts(n_experts, dim, inter, seed=3):
+    g = torch.Generator().manual_seed(seed)
+
+    def stack(out_features, in_features):
+        pairs = [quantize_fp4_weight(torch.randn(out_features, in_features, generator=g) / in_features ** 0.5)
+                 for _ in range(n_experts)]
+        return torch.stack([w for w, _ in pairs]), torch.stack([s for _, s in pairs])
+
+    (w1, s1), (w3, s3), (w2, s2) = stack(inter, dim), stack(inter, dim), stack(dim, inter)
+    return ops.ExpertWeights(w1, s1, w3, s3, w2, s2)
+
+
+def _routing(tokens, n_experts, top_k, seed=4, only=None):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(tokens, top_k, dtype=torch.long)
+    for t in range(tokens):
+        ids[t] = torch.randperm(n_experts, generator=g)[:top_k]
+    if only is not None:  # every token's first choice is one expert
+        ids[:, 0] = only
+        for t in range(tokens):
+            rest = [e for e in torch.randperm(n_experts, generator=g).tolist() if e != only]
+            ids[t, 1:] = torch.tensor(rest[: top_k - 1])
+    return torch.rand(tokens, top_k, generator=g), ids
+
+
+def _fp8_activation_linear(rows, weight, scale):
+    """A projection as the grouped GEMM computes it: E4M3 activation rows times the FP4 weight, exact, rounded to
+    the rows' dtype."""
+    deq = _activation_fake_quant(rows, 32).double() @ ops.dequant_fp4_weight(weight, scale, torch.float64).t()
+    return deq.to(rows.dtype)
+
+
+@pytest.mark.parametrize("tokens, top_k, only", [(7, 3, None), (1, 6, None), (40, 2, 1), (130, 2, 0)])
+def test_deepgemm_moe_is_the_reference_with_e4m3_activations(fake_deep_gemm, tokens, top_k, only):
+    """Tokens on a few experts, on every expert, 130 rows on one expert (two aligned blocks), idle experts."""
+    fake = fake_deep_gemm(10)
+    experts = _stacked_fp4_experts(8, 256, 128)
+    x = _x((tokens,), 256, torch.bfloat16)
+    route_weights, ids = _routing(tokens, 8, top_k, only=only)
+    y = deepgemm_backend.moe_experts(x, route_weights, ids, experts, 4.0, arch=10)
+    assert fake.grouped_calls == 3 and y.dtype == torch.float32 and y.shape == (tokens, 256)
+    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, _fp8_activation_linear)
+    torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
+    assert _rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
+
+
+def test_deepgemm_moe_layout_fits_every_routing():
+    """Each expert's rows are consecutive from a multiple of the alignment, inside its grouped_layout range and
+    inside the buffer sized from the shapes alone."""
+    for tokens, top_k, only in ((1, 6, None), (9, 4, None), (50, 3, 5), (200, 1, 2)):
+        _, ids = _routing(tokens, 16, top_k, only=only)
+        order, rows, ends, capacity = deepgemm_backend.contiguous_layout(ids, 16, 8)
+        flat = ids.reshape(-1)
+        assert torch.equal(flat[order], flat[order].sort().values)
+        assert rows.unique().numel() == rows.numel() and int(rows.max()) < capacity
+        assert capacity == flat.numel() + min(flat.numel(), 16) * 7
+        starts = torch.cat((torch.zeros(1, dtype=torch.int32), ends[:-1]))
+        assert torch.all(ends % 8 == 0) and torch.all(starts <= ends)
+        for expert in range(16):
+            mine = rows[flat[order] == expert]
+            if mine.numel():
+                assert int(mine.min()) == int(starts[expert])
+                assert torch.equal(mine, torch.arange(int(starts[expert]), int(starts[expert]) + mine.numel()))
+                assert int(ends[expert]) - int(starts[expert]) == -(-mine.numel() // 8) * 8
+            else:
+                assert int(ends[expert]) == int(starts[expert])
+
+
+def test_deepgemm_moe_packs_each_weight_scale_once_per_version(fake_deep_gemm):
+    fake = fake_deep_gemm(10)
+    experts = _stacked_fp4_experts(4, 128, 128)
+    x = _x((5,), 128, torch.bfloat16)
+    route_weights, ids = _routing(5, 4, 2)
+    first = deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=10)
+    assert len(fake.transforms) == 3
+    deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=10)
+    assert len(fake.transforms) == 3  # cached: the library is not asked to convert again
+    experts.w1_scale.view(torch.uint8).add_(1)  # an in-place reload doubles w1's scales
+    doubled = deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=10)
+    assert len(fake.transforms) == 4
+    assert not torch.equal(first, doubled)
+    cached = len(deepgemm_backend._packed_scales)
+    del experts, first, doubled
+    assert len(deepgemm_backend._packed_scales) == cached - 3
+
+
+class _BackendCalls(TorchFunctionMode):
+    """Torch calls made directly by deepgemm_backend's module, and which of them read the device on the host."""
+
+    HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__",
+                  "nonzero", "bincount", "unique"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.host_reads = 0, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if sys._getframe(1).f_code.co_filename == deepgemm_backend.__file__:
+            self.calls += 1
+            if getattr(func, "__name__", "") in self.HOST_READS:
+                self.host_reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_deepgemm_moe_reads_nothing_on_the_host_whatever_the_routing(fake_deep_gemm):
+    """A host read would wait for the router on a GPU: the torch work queued is the same for 1 token, 40 tokens
+    spread out, or 40 tokens sharing an expert (the weight scales packed beforehand, as by the first call)."""
+    fake_deep_gemm(10)
+    experts = _stacked_fp4_experts(8, 128, 128)
+    deepgemm_backend.moe_experts(_x((2,), 128, torch.bfloat16), *_routing(2, 8, 2), experts, None, arch=10)
+    counts = []
+    for tokens, only in ((1, None), (40, None), (40, 3)):
+        route_weights, ids = _routing(tokens, 8, 2, only=only)
+        watch = _BackendCalls()
+        with watch:
+            deepgemm_backend.moe_experts(_x((tokens,), 128, torch.bfloat16), route_weights, ids, experts, None,
+                                         arch=10)
+        assert watch.host_reads == []
+        counts.append(watch.calls)
+    assert len(set(counts)) == 1, counts
+
+
+@pytest.mark.parametrize("case", ["fp32 activations", "float experts", "intermediate not a multiple of 128",
+                                  "no tokens", "sm90"])
+def test_deepgemm_moe_declines_what_it_cannot_take(fake_deep_gemm, case):
+    fake = fake_deep_gemm(10)
+    experts = _stacked_fp4_experts(4, 128, 96 if case == "intermediate not a multiple of 128" else 128)
+    x = _x((0 if case == "no tokens" else 3,), 128, torch.float32 if case == "fp32 activations" else torch.bfloat16)
+    if case == "float experts":
+        experts = ops.ExpertWeights(*(torch.randn(4, 128, 128) if i % 2 == 0 else None for i in range(6)))
+    route_weights, ids = _routing(x.shape[0], 4, 2)
+    arch = 9 if case == "sm90" else 10
+    assert deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=arch) is NotImplemented
+    assert fake.grouped_calls == 0 and not fake.transforms
 
 
 # --- fake FlashInfer ----------------------------------------------------------------------------------------
