@@ -8,13 +8,13 @@ import types
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41.linear import Linear
 from deepinfer_plugins.ops.backends import deepgemm_backend, flashinfer_backend
 from deepinfer_plugins.ops.quant import quantize_fp4_weight, quantize_fp8_weight
 from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP, OpRegistry
+from integration_tests.host_reads import ModuleCalls
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # The backends quantise activations to E4M3 (3 mantissa bits, round to nearest: relative error <= 2^-4 per
@@ -467,24 +467,6 @@ def test_deepgemm_moe_packs_each_weight_scale_once_per_version(fake_deep_gemm):
     assert len(deepgemm_backend._packed_scales) == cached - 3
 
 
-class _BackendCalls(TorchFunctionMode):
-    """Torch calls made directly by deepgemm_backend's module, and which of them read the device on the host."""
-
-    HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__",
-                  "nonzero", "bincount", "unique"}
-
-    def __init__(self):
-        super().__init__()
-        self.calls, self.host_reads = 0, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if sys._getframe(1).f_code.co_filename == deepgemm_backend.__file__:
-            self.calls += 1
-            if getattr(func, "__name__", "") in self.HOST_READS:
-                self.host_reads.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_deepgemm_moe_reads_nothing_on_the_host_whatever_the_routing(fake_deep_gemm):
     """A host read would wait for the router on a GPU: the torch work queued is the same for 1 token, 40 tokens
     spread out, or 40 tokens sharing an expert (the weight scales packed beforehand, as by the first call)."""
@@ -494,7 +476,7 @@ def test_deepgemm_moe_reads_nothing_on_the_host_whatever_the_routing(fake_deep_g
     counts = []
     for tokens, only in ((1, None), (40, None), (40, 3)):
         route_weights, ids = _routing(tokens, 8, 2, only=only)
-        watch = _BackendCalls()
+        watch = ModuleCalls(deepgemm_backend)
         with watch:
             deepgemm_backend.moe_experts(_x((tokens,), 128, torch.bfloat16), route_weights, ids, experts, None,
                                          arch=10)

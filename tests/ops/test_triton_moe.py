@@ -10,20 +10,17 @@ token on one expert, reduction tails, a SwiGLU clamp that binds, top-1 and top-6
 of float experts and dispatch through the registry.
 """
 
-import sys
-
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .kernel_compare import assert_close, gen, on_test_device, poison_outputs  # noqa: F401
 
 from deepinfer_plugins import ops  # noqa: E402
 from deepinfer_plugins.ops.backends.triton_kernels import moe  # noqa: E402
 from deepinfer_plugins.ops.backends.triton_kernels.moe import MoeConfig  # noqa: E402
+from integration_tests.host_reads import ModuleCalls  # noqa: E402
 
 kernels = on_test_device(moe)
-HOST_READS = {"item", "tolist", "cpu", "numpy", "equal", "__bool__", "__int__", "__index__", "__float__", "nonzero"}
 
 
 def stacked_experts(g, n_experts: int, dim: int, inter: int) -> ops.ExpertWeights:
@@ -120,21 +117,6 @@ def test_the_registry_runs_the_kernel_when_triton_is_forced(gen, monkeypatch):
                    ops.moe_experts.reference(x, route_weights, ids, experts, None), torch.float32)
 
 
-class LauncherCalls(TorchFunctionMode):
-    """Torch calls made directly by the grouped launcher's module (not by Triton's interpreter underneath)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls, self.host_reads = 0, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if sys._getframe(1).f_code.co_filename == moe.__file__:
-            self.calls += 1
-            if getattr(func, "__name__", "") in HOST_READS:
-                self.host_reads.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_launch_reads_nothing_on_the_host_and_does_not_grow_with_the_routing(gen):
     """On a GPU a host read waits for the router: the launcher sizes everything from shapes, and the torch work
     it queues is the same whether 1 token or 40 tokens on a few experts or many are routed."""
@@ -143,7 +125,7 @@ def test_the_launch_reads_nothing_on_the_host_and_does_not_grow_with_the_routing
     for tokens, only in ((1, None), (40, None), (40, 3)):
         x = torch.randn(tokens, 64, generator=gen)
         route_weights, ids = routing(gen, tokens, 16, 2, only=only)
-        watch = LauncherCalls()
+        watch = ModuleCalls(moe)
         with watch:
             moe.moe_experts(x, route_weights, ids, experts, 10.0)
         assert watch.host_reads == []
