@@ -40,6 +40,21 @@ def test_fake_quant_is_bit_exact(name, shape, dtype, gen):
     assert_bits_equal(getattr(quant, name)(x), getattr(ops, name).reference(x))
 
 
+@pytest.mark.parametrize("name", ["fp8_fake_quant", "mxfp4_fake_quant"])
+def test_power_of_two_scales_divide_exactly_at_the_range_ends(name, gen):
+    """The power-of-two scales divide by multiplying with their reciprocal: a block of 24 (a masked tile), a block
+    at the smallest scale (values near FLT_MIN, 2^-126 scale for MXFP4), one at the largest, one whose small
+    values fall to subnormal fp32 or to zero once divided.
+    bf16 skips the FLT_MIN row: the interpreter converts bf16 subnormals to fp32 inexactly (a GPU does not)."""
+    x = spread((6, 24), gen)
+    x[1] = torch.linspace(-1.0, 1.0, 24) * 1.2e-38
+    x[2] = torch.linspace(-1.0, 1.0, 24) * 3.0e38
+    x[3, :3] = torch.tensor([3.0e38, -2.0e-38, -1.0e-30])
+    assert_bits_equal(getattr(quant, name)(x), getattr(ops, name).reference(x))
+    normal = x[[0, 2, 3, 4, 5]].bfloat16()
+    assert_bits_equal(getattr(quant, name)(normal), getattr(ops, name).reference(normal))
+
+
 def test_fp8_block_quant_is_bit_exact(gen):
     x = spread((4, 256), gen)
     q, s = quant.fp8_block_quant(x)

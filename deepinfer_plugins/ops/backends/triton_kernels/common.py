@@ -71,6 +71,13 @@ def pow2_ceil(x):
 
 
 @triton.jit
+def pow2_reciprocal(p):
+    """1 / p for a power of two p whose reciprocal is a normal fp32 (exact, from the bits): x * pow2_reciprocal(p)
+    is then x / p correctly rounded, without a division."""
+    return ((254 << 23) - p.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def e4m3_round(v):
     """Round fp32 v (|v| <= 448 after the caller's clamp, or larger: saturates) to E4M3, nearest-even.
 

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ...cache import CACHE_FORMATS, record_bytes
 from .common import (INTERPRETED, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, next_pow2, pow2_ceil,
-                     ue8m0_decode)
+                     pow2_reciprocal, ue8m0_decode)
 
 FP8, NVFP4, MXFP4 = 0, 1, 2
 FMT_ID = {"fp8_window": FP8, "nvfp4": NVFP4, "mxfp4": MXFP4}
@@ -21,48 +21,45 @@ FAKE, RECORDS, BLOCK_QUANT = 0, 1, 2
 
 
 @triton.jit
-def _quant_block(xe, xo, mask, FMT: tl.constexpr):
-    """xe, xo [NB, HALF] even / odd channels of NB blocks -> (codes even, codes odd, deq even, deq odd, scale
-    [NB], scale byte [NB])."""
-    amax = tl.maximum(tl.max(tl.where(mask, tl.abs(xe), 0.0), axis=1), tl.max(tl.where(mask, tl.abs(xo), 0.0), axis=1))
-    if FMT == 0:
-        scale = pow2_ceil(tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0))
-        scale_byte = (scale.to(tl.int32, bitcast=True) >> 23) & 255
-        de, ce = e4m3_round(tl.minimum(tl.maximum(tl.math.div_rn(xe, scale[:, None]), -448.0), 448.0))
-        do, co = e4m3_round(tl.minimum(tl.maximum(tl.math.div_rn(xo, scale[:, None]), -448.0), 448.0))
+def _quant_block(x, mask, FMT: tl.constexpr):
+    """x [NB, BLK_P]: NB blocks, columns past the block masked -> (codes int32, dequantised values, scale [NB],
+    scale byte [NB]). Power-of-two scales (FP8, MXFP4) divide by multiplying with their exact reciprocal."""
+    amax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)
+    if FMT == 1:
+        scale, scale_byte = e4m3_round(tl.math.div_rn(tl.maximum(amax, 0.01171875), 6.0))  # 6 * 2^-9
+        scaled = tl.math.div_rn(x, scale[:, None])
     else:
-        if FMT == 1:
-            scale, scale_byte = e4m3_round(tl.math.div_rn(tl.maximum(amax, 0.01171875), 6.0))  # 6 * 2^-9
+        if FMT == 0:
+            scale = pow2_ceil(tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0))
         else:
             scale = pow2_ceil(tl.math.div_rn(tl.maximum(amax, 6.0 * 1.1754943508222875e-38), 6.0))
-            scale_byte = (scale.to(tl.int32, bitcast=True) >> 23) & 255
-        se = tl.minimum(tl.maximum(tl.math.div_rn(xe, scale[:, None]), -6.0), 6.0)
-        so = tl.minimum(tl.maximum(tl.math.div_rn(xo, scale[:, None]), -6.0), 6.0)
-        ce = e2m1_encode(se, xe < 0)
-        co = e2m1_encode(so, xo < 0)
-        de = e2m1_decode(ce)
-        do = e2m1_decode(co)
-    return ce, co, de * scale[:, None], do * scale[:, None], scale, scale_byte
+        scale_byte = (scale.to(tl.int32, bitcast=True) >> 23) & 255
+        scaled = x * pow2_reciprocal(scale)[:, None]
+    if FMT == 0:
+        values, codes = e4m3_round(tl.minimum(tl.maximum(scaled, -448.0), 448.0))
+    else:
+        codes = e2m1_encode(tl.minimum(tl.maximum(scaled, -6.0), 6.0), x < 0)
+        values = e2m1_decode(codes)
+    return codes, values * scale[:, None], scale, scale_byte
 
 
 @triton.jit
 def _quantize_kernel(x_ptr, out_ptr, scales_ptr, rec_ptr, slots_ptr, n_blocks, D, R,
-                     BLK: tl.constexpr, HALF_P: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr,
+                     BLK: tl.constexpr, BLK_P: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr,
                      MODE: tl.constexpr, HAS_SLOTS: tl.constexpr):
+    """NB consecutive blocks per program, read as one contiguous tile (vector loads); FP4 codes are paired into
+    bytes in registers."""
     blocks = tl.program_id(0) * NB + tl.arange(0, NB)  # [NB] global block ids
-    i = tl.arange(0, HALF_P)  # pair index inside the block
+    c = tl.arange(0, BLK_P)  # column inside the block
     bmask = blocks < n_blocks
-    mask = bmask[:, None] & (i[None, :] < BLK // 2)
-    even = blocks[:, None] * BLK + 2 * i[None, :]  # element offsets of even channels
-    xe = tl.load(x_ptr + even, mask=mask, other=0.0).to(tl.float32)
-    xo = tl.load(x_ptr + even + 1, mask=mask, other=0.0).to(tl.float32)
-    ce, co, de, do, scale, scale_byte = _quant_block(xe, xo, mask, FMT)
+    mask = bmask[:, None] & (c[None, :] < BLK)
+    offsets = blocks[:, None] * BLK + c[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    codes, values, scale, scale_byte = _quant_block(x, mask, FMT)
     if MODE == 0:  # fake quant: dequantised values in the output dtype
-        tl.store(out_ptr + even, de.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + even + 1, do.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + offsets, values.to(out_ptr.dtype.element_ty), mask=mask)
     elif MODE == 2:  # FP8 block quant: E4M3 bytes + fp32 scales
-        tl.store(out_ptr + even, ce.to(tl.uint8), mask=mask)
-        tl.store(out_ptr + even + 1, co.to(tl.uint8), mask=mask)
+        tl.store(out_ptr + offsets, codes.to(tl.uint8), mask=mask)
         tl.store(scales_ptr + blocks, scale, mask=bmask)
     else:  # records [slots, R]: data bytes then scale bytes
         bpr = D // BLK
@@ -73,14 +70,17 @@ def _quantize_kernel(x_ptr, out_ptr, scales_ptr, rec_ptr, slots_ptr, n_blocks, D
         else:
             slot = row.to(tl.int64)
         bmask = bmask & (slot >= 0)
-        mask = mask & (slot >= 0)[:, None]
         base = rec_ptr + slot * R  # [NB] record starts
         if FMT == 0:
-            tl.store(base[:, None] + j[:, None] * BLK + 2 * i[None, :], ce.to(tl.uint8), mask=mask)
-            tl.store(base[:, None] + j[:, None] * BLK + 2 * i[None, :] + 1, co.to(tl.uint8), mask=mask)
+            tl.store(base[:, None] + j[:, None] * BLK + c[None, :], codes.to(tl.uint8),
+                     mask=mask & (slot >= 0)[:, None])
             tl.store(base + D + j, scale_byte.to(tl.uint8), mask=bmask)
         else:
-            tl.store(base[:, None] + j[:, None] * (BLK // 2) + i[None, :], (ce | (co << 4)).to(tl.uint8), mask=mask)
+            even, odd = tl.split(tl.reshape(codes, [NB, BLK_P // 2, 2]))
+            i = tl.arange(0, BLK_P // 2)
+            pair_mask = bmask[:, None] & (i[None, :] < BLK // 2)
+            tl.store(base[:, None] + j[:, None] * (BLK // 2) + i[None, :], (even | (odd << 4)).to(tl.uint8),
+                     mask=pair_mask)
             tl.store(base + D // 2 + j, scale_byte.to(tl.uint8), mask=bmask)
 
 
@@ -127,13 +127,13 @@ def _launch_quantize(x: torch.Tensor, block: int, fmt: int, mode: int, out=None,
     n_blocks = x.numel() // block
     if n_blocks == 0:
         return
-    half_p = next_pow2(max(block // 2, 1))
-    nb = min(next_pow2(n_blocks), max(1, (16384 if INTERPRETED else 2048) // (2 * half_p)))
+    blk_p = max(2, next_pow2(block))
+    nb = min(next_pow2(n_blocks), max(1, (16384 if INTERPRETED else 2048) // blk_p))
     dummy = x
     _quantize_kernel[(triton.cdiv(n_blocks, nb),)](
         x, out if out is not None else dummy, scales if scales is not None else dummy,
         records if records is not None else dummy, slots if slots is not None else dummy,
-        n_blocks, d, record_len, BLK=block, HALF_P=half_p, NB=nb, FMT=fmt, MODE=mode, HAS_SLOTS=slots is not None)
+        n_blocks, d, record_len, BLK=block, BLK_P=blk_p, NB=nb, FMT=fmt, MODE=mode, HAS_SLOTS=slots is not None)
 
 
 def _fake(x: torch.Tensor, block: int, fmt: int) -> torch.Tensor:
