@@ -236,6 +236,7 @@ class FakeDeepGemm(types.ModuleType):
                                              recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False,
                                              use_psum_layout=False, ensure_zero_padding=True,
                                              expected_m_for_psum_layout=None):
+        assert expected_m_for_psum_layout is None or expected_m_for_psum_layout >= 1
         """Group g owns rows [align(end[g-1]), end[g]) of a and d; rows outside every group are left unwritten
         (NaN here), as the kernel leaves them."""
         (a_data, sfa), (b_data, sfb) = a, b
@@ -428,8 +429,8 @@ def test_deepgemm_moe_is_the_reference_with_e4m3_activations(fake_deep_gemm, tok
 
 
 def test_deepgemm_moe_layout_fits_every_routing():
-    """Each expert's rows are consecutive from a multiple of the alignment, inside its grouped_layout range and
-    inside the buffer sized from the shapes alone."""
+    """Each expert's rows are exactly [align(end of the previous expert), its grouped_layout end), inside the
+    buffer sized from the shapes alone."""
     for tokens, top_k, only in ((1, 6, None), (9, 4, None), (50, 3, 5), (200, 1, 2)):
         _, ids = _routing(tokens, 16, top_k, only=only)
         order, rows, ends, capacity = deepgemm_backend.contiguous_layout(ids, 16, 8)
@@ -437,16 +438,11 @@ def test_deepgemm_moe_layout_fits_every_routing():
         assert torch.equal(flat[order], flat[order].sort().values)
         assert rows.unique().numel() == rows.numel() and int(rows.max()) < capacity
         assert capacity == flat.numel() + min(flat.numel(), 16) * 7
-        starts = torch.cat((torch.zeros(1, dtype=torch.int32), ends[:-1]))
-        assert torch.all(ends % 8 == 0) and torch.all(starts <= ends)
+        starts = torch.cat((torch.zeros(1, dtype=torch.int32), (ends[:-1] + 7) // 8 * 8))  # align(previous end)
         for expert in range(16):
             mine = rows[flat[order] == expert]
-            if mine.numel():
-                assert int(mine.min()) == int(starts[expert])
-                assert torch.equal(mine, torch.arange(int(starts[expert]), int(starts[expert]) + mine.numel()))
-                assert int(ends[expert]) - int(starts[expert]) == -(-mine.numel() // 8) * 8
-            else:
-                assert int(ends[expert]) == int(starts[expert])
+            assert int(ends[expert]) - int(starts[expert]) == mine.numel()
+            assert torch.equal(mine, torch.arange(int(starts[expert]), int(ends[expert])))
 
 
 def test_deepgemm_moe_packs_each_weight_scale_once_per_version(fake_deep_gemm):

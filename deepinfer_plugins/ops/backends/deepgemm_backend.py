@@ -23,8 +23,8 @@ the registry's next choice (FlashInfer, Triton's fused kernel, the reference) ru
 ``moe_experts`` (SM100, FP4 experts, bf16 activations) runs a layer's routed experts as three
 ``m_grouped_fp8_fp4_gemm_nt_contiguous`` calls (gate, up, down) in the contiguous layout with PSUM offsets: the
 (token, slot) assignments sorted by expert, each expert's rows starting at a multiple of
-``get_mk_alignment_for_contiguous_layout()``, ``grouped_layout`` [E] int32 the running end of each expert's
-aligned rows. Everything is sized from the shapes (the rows buffer holds the most rows any routing can need), so
+``get_mk_alignment_for_contiguous_layout()`` and ``grouped_layout`` [E] int32 the end of each expert's rows
+(the next expert starts at that end aligned up; DeepGEMM's own tests build the layout so). Everything is sized from the shapes (the rows buffer holds the most rows any routing can need), so
 no token count is read on the host. The weight scales are handed over in the library's own packed UE8M0 layout,
 made by ``transform_sf_into_required_layout`` once per stacked tensor (and again after an in-place reload):
 the library would otherwise convert them from fp32 on every call, 0.57 GB for one layer's w1 scales at V4.1
@@ -141,32 +141,36 @@ def packed_weight_scales(scale: torch.Tensor, mn: int, k: int) -> torch.Tensor:
 
 def contiguous_layout(expert_ids: torch.Tensor, n_experts: int, alignment: int):
     """(assignment ids token * k + slot sorted by expert, stably; each sorted row's row in the padded buffer;
-    grouped_layout [E] int32, the end of each expert's aligned rows; the buffer's rows), all on the device: the
-    buffer is sized for the worst routing, every non-empty expert padding at most ``alignment - 1`` rows."""
+    grouped_layout [E] int32; the buffer's rows), all on the device. The PSUM layout as DeepGEMM's tests build
+    it: expert e's rows start at align(grouped_layout[e - 1], alignment) and end at grouped_layout[e], the
+    padding between them skipped by the kernel. The buffer is sized for the worst routing: every non-empty
+    expert pads at most ``alignment - 1`` rows."""
     flat = expert_ids.reshape(-1)
     assignments = flat.numel()
     sorted_experts, order = torch.sort(flat, stable=True)
     bounds = torch.searchsorted(sorted_experts, torch.arange(n_experts + 1, device=flat.device))
-    aligned = (bounds[1:] - bounds[:-1] + alignment - 1) // alignment * alignment
-    aligned_end = aligned.cumsum(0)
-    aligned_start = aligned_end - aligned
-    rows = aligned_start[sorted_experts] + torch.arange(assignments, device=flat.device) - bounds[sorted_experts]
+    counts = bounds[1:] - bounds[:-1]
+    aligned = (counts + alignment - 1) // alignment * alignment
+    start = aligned.cumsum(0) - aligned
+    rows = start[sorted_experts] + torch.arange(assignments, device=flat.device) - bounds[sorted_experts]
     capacity = assignments + min(assignments, n_experts) * (alignment - 1)
-    return order, rows, aligned_end.to(torch.int32), capacity
+    return order, rows, (start + counts).to(torch.int32), capacity
 
 
 def _grouped_gemm(values: torch.Tensor, scales: torch.Tensor, rows: torch.Tensor, capacity: int,
-                  weight: torch.Tensor, weight_scale: torch.Tensor, grouped_layout: torch.Tensor) -> torch.Tensor:
+                  weight: torch.Tensor, weight_scale: torch.Tensor, grouped_layout: torch.Tensor,
+                  rows_per_expert: int) -> torch.Tensor:
     """E4M3 rows [S, K] with scales [S, K / 32] times their experts' FP4 weight [E, N, K / 2] -> bf16 [S, N]."""
     import deep_gemm
 
     k, n = values.shape[1], weight.shape[1]
-    a = torch.empty(capacity, k, dtype=values.dtype, device=values.device)  # padding rows: never read back
+    a = torch.empty(capacity, k, dtype=values.dtype, device=values.device)  # gaps: skipped, as in DeepGEMM's tests
     sfa = torch.empty(capacity, k // WEIGHT_BLOCK, dtype=torch.float32, device=values.device)
     a[rows], sfa[rows] = values, scales
     d = torch.empty(capacity, n, dtype=torch.bfloat16, device=values.device)
     deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((a, sfa), (weight.view(torch.int8), packed_weight_scales(
-        weight_scale, n, k)), d, grouped_layout, recipe=GROUPED_RECIPE, use_psum_layout=True)
+        weight_scale, n, k)), d, grouped_layout, recipe=GROUPED_RECIPE, use_psum_layout=True,
+        expected_m_for_psum_layout=rows_per_expert)
     return d[rows]
 
 
@@ -182,14 +186,16 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     order, rows, grouped_layout, capacity = contiguous_layout(expert_ids, n_experts,
                                                               deep_gemm.get_mk_alignment_for_contiguous_layout())
     token, slot = order // top_k, order % top_k
+    layout = (rows, capacity)
+    tuning = (grouped_layout, -(-order.numel() // n_experts))  # the kernel's config hint: rows per expert
     values, scales = fp8_block_quant(x, WEIGHT_BLOCK)
     values, scales = values[token], scales[token]
-    gate = _grouped_gemm(values, scales, rows, capacity, experts.w1, experts.w1_scale, grouped_layout)
-    up = _grouped_gemm(values, scales, rows, capacity, experts.w3, experts.w3_scale, grouped_layout)
+    gate = _grouped_gemm(values, scales, *layout, experts.w1, experts.w1_scale, *tuning)
+    up = _grouped_gemm(values, scales, *layout, experts.w3, experts.w3_scale, *tuning)
     hidden = swiglu(gate, up, swiglu_limit)
     hidden = (hidden.float() * route_weights[token, slot][:, None]).to(x.dtype)
     hidden_values, hidden_scales = fp8_block_quant(hidden, WEIGHT_BLOCK)
-    down = _grouped_gemm(hidden_values, hidden_scales, rows, capacity, experts.w2, experts.w2_scale, grouped_layout)
+    down = _grouped_gemm(hidden_values, hidden_scales, *layout, experts.w2, experts.w2_scale, *tuning)
     by_assignment = torch.empty_like(down)
     by_assignment[order] = down
     by_assignment = by_assignment.view(tokens, top_k, dim)
