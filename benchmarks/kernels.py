@@ -236,6 +236,8 @@ def cases(device: str, quick: bool) -> list[Case]:
                                          rnd(24, dtype=torch.float32), rnd(3, dtype=torch.float32), 20, 1e-6, 1e-20)],
                     b * 4 * 5120 * 2 + 24 * 4 * 5120 * 4, b * 2 * 24 * 4 * 5120))
     out.append(Case("hc_collapse", [(streams, rnd(b, 4, dtype=torch.float32))], b * 5 * 5120 * 2))
+    out.append(Case("hc_collapse_norm", [(streams, rnd(b, 4, dtype=torch.float32), rnd(5120), 1e-20)],
+                    b * 5 * 5120 * 2 + 5120 * 2))
     out.append(Case("hc_expand", [(streams, rnd(b, 5120), rnd(b, 4, dtype=torch.float32),
                                    rnd(b, 4, 4, dtype=torch.float32))], b * 9 * 5120 * 2))
     out.append(Case("rms_norm", [(rnd(b, 5120), rnd(5120), 1e-20)], b * 2 * 5120 * 2))
@@ -357,6 +359,8 @@ def main() -> None:
                 impls.update((name, fn) for name, fn in gemm_sweep.items() if name.startswith(op_name + " "))
             if op_name == "moe_experts":
                 impls.update(moe_variants(args.sweep))
+            if op_name == "hc_collapse_norm":  # the two launches the model made before the fused op
+                impls["hc_collapse then rms_norm"] = lambda s, p, w, e: ops.rms_norm(ops.hc_collapse(s, p), w, e)
         first = case.args_list[0]
         ref_out = None
         reference_seconds = None

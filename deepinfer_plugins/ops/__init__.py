@@ -40,13 +40,13 @@ __all__ = [
     "swiglu", "topk_indices",
 ]
 
-# Kernel-facing ops (issue 6): quantised cache records and fused Engram / CSA2 steps.
+# Kernel-facing ops (issue 6): quantised cache records and fused Engram / CSA2 / mHC-collapse + norm steps.
 from .cache import CACHE_FORMATS, cache_gather, cache_write, pack_cache_records, record_bytes, unpack_cache_records
-from .fused import csa2_compress, engram_gate, engram_gather, sparse_attention_records
+from .fused import csa2_compress, engram_gate, engram_gather, hc_collapse_norm, sparse_attention_records
 
 __all__ += [
     "CACHE_FORMATS", "cache_gather", "cache_write", "csa2_compress", "engram_gate", "engram_gather",
-    "pack_cache_records", "record_bytes", "sparse_attention_records", "unpack_cache_records",
+    "hc_collapse_norm", "pack_cache_records", "record_bytes", "sparse_attention_records", "unpack_cache_records",
 ]
 
 # Fused indexer selection (scores + masks + top-k), the op the Ascend lightning indexer maps onto, and both indexer

@@ -1,5 +1,5 @@
 """References for fused ops that the V4.1 model runs as several steps: Engram gather + gate, CSA2 pooling,
-sparse attention straight from the quantised cache records.
+sparse attention straight from the quantised cache records, the mHC collapse followed by a sublayer's RMSNorm.
 
 Each is the composition of the model's own steps (engram.py, attention.py ``Compressor``, the cache ops) written
 once, so a kernel that fuses them has one truth to match.
@@ -14,7 +14,7 @@ import torch
 
 from .cache import cache_gather
 from .quant import dequant_fp8_rows
-from .reference import rms_norm, sparse_attention
+from .reference import hc_collapse, rms_norm, sparse_attention
 from .registry import registry
 
 
@@ -55,6 +55,13 @@ def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_we
     grouped_v = values.float().unflatten(0, (-1, ratio))  # [G, r, c]
     weights = gates.float().unflatten(0, (-1, ratio)).softmax(dim=1)  # [G, r, c]
     return rms_norm.reference((weights * grouped_v).sum(dim=1).to(dtype), norm_weight, eps)
+
+
+@registry.reference("hc_collapse_norm")
+def hc_collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """A sublayer's input: ``rms_norm(hc_collapse(streams, pre), weight, eps)``, the collapse rounded to the
+    streams' dtype before the norm as in the two ops. streams [T, S, d], pre [T, S] -> [T, d]."""
+    return rms_norm.reference(hc_collapse.reference(streams, pre), weight, eps)
 
 
 def distinct_slots(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

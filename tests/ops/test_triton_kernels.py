@@ -352,14 +352,16 @@ def test_candidate_mask(gen):
 def test_sinkhorn_and_coefficients(gen):
     logits = torch.randn(5, 4, 4, generator=gen) * 3
     assert_close(mhc.sinkhorn(logits, 20, 1e-6), ops.sinkhorn.reference(logits, 20, 1e-6), atol=1e-6, rtol=1e-5)
-    streams = torch.randn(3, 4, 64, generator=gen).bfloat16()
-    fn = torch.randn(24, 256, generator=gen) * 0.05
-    base, scale = torch.randn(24, generator=gen), torch.rand(3, generator=gen)
-    want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
-    for splits in (0, 3):  # the default and partial sums over input slices (what a GPU launch uses)
-        got = mhc.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20, splits)
-        for g, w in zip(got, want):
-            assert_close(g, w, atol=1e-5, rtol=1e-5)
+    for n_streams in (4, 3):  # 3: padded [4, 4] Sinkhorn tiles and mixing rows
+        mix_rows = (2 + n_streams) * n_streams
+        streams = torch.randn(3, n_streams, 64, generator=gen).bfloat16()
+        fn = torch.randn(mix_rows, n_streams * 64, generator=gen) * 0.05
+        base, scale = torch.randn(mix_rows, generator=gen), torch.rand(3, generator=gen)
+        want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
+        for splits in (0, 3):  # the default and partial sums over input slices (what a GPU launch uses)
+            got = mhc.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20, splits)
+            for g, w in zip(got, want):
+                assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -371,6 +373,28 @@ def test_collapse_and_expand(dtype, gen):
     out, post, comb = torch.randn(5, 96, generator=gen).to(dtype), torch.rand(5, 4, generator=gen), torch.rand(5, 4, 4, generator=gen)
     assert_close(mhc.hc_expand(streams, out, post, comb), ops.hc_expand.reference(streams, out, post, comb),
                  atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d, weighted", [(96, True), (80, False), (5120, True)])
+def test_collapse_norm_is_the_collapse_then_the_norm(d, weighted, dtype, gen):
+    """One kernel for the two ops, the collapse rounded to the streams' dtype before the norm as between them.
+    bf16: the collapse's fp32 sum may round to the neighbouring bf16 value (another summation order), and the
+    output rounds once more: two bf16 steps (2^-7 relative) apart at most."""
+    streams = (torch.randn(5, 4, d, generator=gen) * 3).to(dtype)
+    pre = torch.rand(5, 4, generator=gen)
+    weight = torch.randn(d, generator=gen).to(dtype) if weighted else None
+    got = mhc.hc_collapse_norm(streams, pre, weight, 1e-20)
+    assert got.dtype == dtype and got.shape == (5, d)
+    tol = 1e-5 if dtype == torch.float32 else 2.0**-6
+    assert_close(got, ops.hc_collapse_norm.reference(streams, pre, weight, 1e-20), atol=tol, rtol=tol)
+    assert_close(got, misc.rms_norm(mhc.hc_collapse(streams, pre), weight, 1e-20), atol=tol, rtol=tol)
+    assert mhc.hc_collapse_norm(streams[:0], pre[:0], weight, 1e-20).shape == (0, d)
+
+
+def test_collapse_norm_declines_rows_too_wide_for_registers(gen):
+    streams = torch.zeros(1, 2, mhc.COLLAPSE_NORM_MAX_WIDTH + 32)
+    assert mhc.hc_collapse_norm(streams, torch.ones(1, 2), None, 1e-6) is NotImplemented
 
 
 # ---- small ops -------------------------------------------------------------------------------------------------------

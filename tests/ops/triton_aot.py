@@ -280,6 +280,7 @@ def _launches() -> list[Launch]:
     add("hc_coefficients", mhc.hc_coefficients, z(3, 4, 64, dtype=bf16), z(24, 256), z(24), z(3), 20, 1e-6, 1e-20)
     for dtype in (f32, bf16):
         add(f"hc_collapse {dtype}", mhc.hc_collapse, z(5, 4, 96, dtype=dtype), z(5, 4))
+        add(f"hc_collapse_norm {dtype}", mhc.hc_collapse_norm, z(5, 4, 96, dtype=dtype), z(5, 4), None, 1e-20)
         add(f"hc_expand {dtype}", mhc.hc_expand, z(5, 4, 96, dtype=dtype), z(5, 96, dtype=dtype), z(5, 4),
             z(5, 4, 4))
     for b in (64, 8):
@@ -287,6 +288,7 @@ def _launches() -> list[Launch]:
         add(f"hc_coefficients V4.1 b={b}", mhc.hc_coefficients, streams, z(24, 4 * 5120), z(24), z(3), 20, 1e-6,
             1e-20)
         add(f"hc_collapse V4.1 b={b}", mhc.hc_collapse, streams, z(b, 4))
+        add(f"hc_collapse_norm V4.1 b={b}", mhc.hc_collapse_norm, streams, z(b, 4), z(5120, dtype=bf16), 1e-20)
         add(f"hc_expand V4.1 b={b}", mhc.hc_expand, streams, z(b, 5120, dtype=bf16), z(b, 4), z(b, 4, 4))
 
     # small ops

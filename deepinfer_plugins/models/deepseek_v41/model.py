@@ -61,12 +61,12 @@ class Block(nn.Module):
         """
         if hasattr(self, "engram"):
             streams = self.engram(streams, engram_ids[:, self.engram.table])
-        attn_in = self.attn_norm(ops.hc_collapse(streams, pre_mix))
+        attn_in = self.attn_norm.of_streams(streams, pre_mix)
         streams = streams[query_rows]
         pre_attn, post_attn, comb_attn = self.coefficients("attn", streams)
         streams = ops.hc_expand(streams, self.sublayer_output(self.attn(attn_in, chunks)), post_attn, comb_attn)
         pre_ffn, post_ffn, comb_ffn = self.coefficients("ffn", streams)
-        ffn_in = self.ffn_norm(ops.hc_collapse(streams, pre_attn))
+        ffn_in = self.ffn_norm.of_streams(streams, pre_attn)
         streams = ops.hc_expand(streams, self.sublayer_output(self.ffn(ffn_in)), post_ffn, comb_ffn)
         return streams, pre_ffn
 
@@ -171,7 +171,7 @@ class DeepseekV41Model(nn.Module):
                 chunk.start_pos = chunk.first_query_pos
                 chunk.row_start, chunk.num_rows = row, chunk.num_query_rows
                 row += chunk.num_rows
-        return self.norm(ops.hc_collapse(streams, pre_mix))
+        return self.norm.of_streams(streams, pre_mix)
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceCache | None = None,
                 bounded_replay: bool = False) -> torch.Tensor:

@@ -16,3 +16,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
+
+    def of_streams(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """The norm of the mHC streams [T, S, d] collapsed with ``pre`` [T, S]: one op, so a kernel reads the
+        streams once and never writes the collapsed rows."""
+        return ops.hc_collapse_norm(streams, pre, self.weight, self.eps)

@@ -27,7 +27,7 @@ OPS = {
     "linear_fp8": "gemm", "linear_fp4": "gemm", "moe_experts": "moe",
     "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer", "indexer_topk": "indexer",
     "indexer_scores_records": "indexer", "indexer_topk_records": "indexer",
-    "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_expand": "mhc",
+    "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_collapse_norm": "mhc", "hc_expand": "mhc",
     "rms_norm": "misc", "rope": "misc", "swiglu": "misc", "sqrtsoftplus_route": "misc", "engram_hash": "misc",
     "engram_gate": "misc", "csa2_compress": "misc",
 }

@@ -1,4 +1,5 @@
-"""mHC: site coefficients (projection + RMS + sigmoid gains), Sinkhorn 4x4, stream collapse and expand."""
+"""mHC: site coefficients (projection + RMS + sigmoid gains), Sinkhorn 4x4, stream collapse (alone or with the
+sublayer's RMSNorm) and expand."""
 
 from __future__ import annotations
 
@@ -10,19 +11,27 @@ from .common import INTERPRETED, empty, next_pow2, split_count
 
 
 @triton.jit
-def _sinkhorn_kernel(x_ptr, out_ptr, S, iters, eps, SP: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, SP)[:, None]
-    o = tl.arange(0, SP)[None, :]
-    valid = (i < S) & (o < S)
-    x = tl.load(x_ptr + t * S * S + i * S + o, mask=valid, other=float("-inf")).to(tl.float32)
+def _sinkhorn_tile(x, valid, iters, eps):
+    """x [SP, SP] logits (rows: input streams, columns: output streams; entries outside ``valid`` ignored) -> the
+    mixing matrix, 0 outside ``valid``: softmax over outputs + eps, then column / row normalisations."""
+    x = tl.where(valid, x, -1.0e30)  # finite: a padding row stays NaN-free; exp() of a padding column is 0
     e = tl.exp(x - tl.max(x, axis=1)[:, None])
     m = tl.where(valid, e / tl.sum(e, axis=1)[:, None] + eps, 0.0)  # softmax over outputs, + eps
     m = m / (tl.sum(m, axis=0)[None, :] + eps)  # input-sum normalisation
     for _ in range(1, iters):
         m = m / (tl.sum(m, axis=1)[:, None] + eps)
         m = m / (tl.sum(m, axis=0)[None, :] + eps)
-    tl.store(out_ptr + t * S * S + i * S + o, m, mask=valid)
+    return m
+
+
+@triton.jit
+def _sinkhorn_kernel(x_ptr, out_ptr, S, iters, eps, SP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, SP)[:, None]
+    o = tl.arange(0, SP)[None, :]
+    valid = (i < S) & (o < S)
+    x = tl.load(x_ptr + t * S * S + i * S + o, mask=valid, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * S * S + i * S + o, _sinkhorn_tile(x, valid, iters, eps), mask=valid)
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -58,24 +67,34 @@ def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, M
 
 
 @triton.jit
-def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, M, hc_eps,
-                          norm_eps, SPLITS: tl.constexpr, SP: tl.constexpr, MP: tl.constexpr):
-    """mix[m] = (x . fn[m]) * rsqrt(mean(x^2) + eps) from the slices; logits -> pre, post, comb logits."""
+def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, iters,
+                          hc_eps, norm_eps, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, MP: tl.constexpr,
+                          SP: tl.constexpr):
+    """mix[m] = (x . fn[m]) * rsqrt(mean(x^2) + eps) from the slices; logits -> pre, post, and the comb logits,
+    taken as an [S, S] tile and Sinkhorn-normalised in registers (no separate Sinkhorn launch)."""
     t = tl.program_id(0).to(tl.int64)
     m = tl.arange(0, MP)
-    s = tl.arange(0, SP)
-    parts = tl.load(part_ptr + (t * SPLITS + s[:, None]) * MP + m[None, :], mask=s[:, None] < SPLITS, other=0.0)
-    sq = tl.sum(tl.load(sq_ptr + t * SPLITS + s, mask=s < SPLITS, other=0.0), axis=0)
-    mix = tl.sum(parts, axis=0) * (1.0 / tl.sqrt(sq / K + norm_eps))
+    split = tl.arange(0, SPLITS_P)
+    parts = tl.load(part_ptr + (t * SPLITS + split[:, None]) * MP + m[None, :], mask=split[:, None] < SPLITS,
+                    other=0.0)
+    sq = tl.sum(tl.load(sq_ptr + t * SPLITS + split, mask=split < SPLITS, other=0.0), axis=0)
+    inv_rms = 1.0 / tl.sqrt(sq / K + norm_eps)
+    mix = tl.sum(parts, axis=0) * inv_rms
     g0 = tl.load(scale_ptr)
     g1 = tl.load(scale_ptr + 1)
     g2 = tl.load(scale_ptr + 2)
-    gain = tl.where(m < S, g0, tl.where(m < 2 * S, g1, g2))
-    logit = tl.load(base_ptr + m, mask=m < M, other=0.0) + mix * gain
-    sig = 1.0 / (1.0 + tl.exp(-logit))
+    gain = tl.where(m < S, g0, g1)
+    sig = 1.0 / (1.0 + tl.exp(-(tl.load(base_ptr + m, mask=m < 2 * S, other=0.0) + mix * gain)))
     tl.store(pre_ptr + t * S + m, sig + hc_eps, mask=m < S)
     tl.store(post_ptr + t * S + (m - S), 2.0 * sig, mask=(m >= S) & (m < 2 * S))
-    tl.store(comb_ptr + t * S * S + (m - 2 * S), logit, mask=(m >= 2 * S) & (m < M))
+    i = tl.arange(0, SP)[:, None]
+    o = tl.arange(0, SP)[None, :]
+    valid = (i < S) & (o < S)
+    logit_at = 2 * S + i * S + o  # [SP, SP]: row of fn / base of comb logit (i, o)
+    comb_parts = tl.load(part_ptr + (t * SPLITS + split[:, None, None]) * MP + logit_at[None, :, :],
+                         mask=(split[:, None, None] < SPLITS) & valid[None, :, :], other=0.0)
+    comb_logits = tl.load(base_ptr + logit_at, mask=valid, other=0.0) + tl.sum(comb_parts, axis=0) * inv_rms * g2
+    tl.store(comb_ptr + t * S * S + i * S + o, _sinkhorn_tile(comb_logits, valid, iters, hc_eps), mask=valid)
 
 
 def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, splits: int = 0):
@@ -86,7 +105,7 @@ def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_ep
     k, mm = s * d, (2 + s) * s
     pre = empty((t, s), torch.float32, streams.device)
     post = empty((t, s), torch.float32, streams.device)
-    comb_logits = empty((t, s, s), torch.float32, streams.device)
+    comb = empty((t, s, s), torch.float32, streams.device)
     if t:
         mp = next_pow2(mm)
         if not splits:
@@ -99,9 +118,9 @@ def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_ep
         _hc_mix_partial_kernel[(t, splits)](streams.contiguous(), fn.float().contiguous(), partials, squares, k, mm,
                                             k_per_split, MP=mp, BK=bk)
         _hc_mix_finish_kernel[(t,)](partials, squares, base.float().contiguous(), scale.float().contiguous(), pre,
-                                    post, comb_logits, s, k, mm, float(hc_eps), float(norm_eps), SPLITS=splits,
-                                    SP=next_pow2(splits), MP=mp)
-    return pre, post, sinkhorn(comb_logits, iters, hc_eps)
+                                    post, comb, s, k, iters, float(hc_eps), float(norm_eps), SPLITS=splits,
+                                    SPLITS_P=next_pow2(splits), MP=mp, SP=max(2, next_pow2(s)))
+    return pre, post, comb
 
 
 @triton.jit
@@ -122,6 +141,40 @@ def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     if t:
         bd = min(next_pow2(d), 8192 if INTERPRETED else 1024)
         _hc_collapse_kernel[(t, triton.cdiv(d, bd))](streams.contiguous(), pre.float().contiguous(), out, s, d, BD=bd)
+    return out
+
+
+@triton.jit
+def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, S, D, eps, HAS_W: tl.constexpr, BD: tl.constexpr):
+    """One token: its collapsed row stays in registers between the collapse and the norm (no [T, d] round trip
+    through memory, one launch instead of two)."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BD)
+    acc = tl.zeros([BD], tl.float32)
+    for s in range(0, S):
+        w = tl.load(pre_ptr + t * S + s).to(tl.float32)
+        acc += w * tl.load(x_ptr + (t * S + s) * D + d, mask=d < D, other=0.0).to(tl.float32)
+    collapsed = acc.to(out_ptr.dtype.element_ty).to(tl.float32)  # hc_collapse's rounding
+    y = collapsed * (1.0 / tl.sqrt(tl.sum(collapsed * collapsed, axis=0) / D + eps))
+    if HAS_W:
+        y = y * tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * D + d, y.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+COLLAPSE_NORM_MAX_WIDTH = 16384  # the row lives in registers: wider rows go to the two separate kernels
+
+
+def hc_collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight, eps: float) -> torch.Tensor:
+    t, s, d = streams.shape
+    if d > COLLAPSE_NORM_MAX_WIDTH:
+        return NotImplemented
+    out = empty((t, d), streams.dtype, streams.device)
+    if t:
+        bd = next_pow2(d)
+        launch = {} if INTERPRETED else dict(num_warps=max(4, min(16, bd // 512)))
+        _hc_collapse_norm_kernel[(t,)](streams.contiguous(), pre.float().contiguous(),
+                                       weight if weight is not None else streams, out, s, d, float(eps),
+                                       HAS_W=weight is not None, BD=bd, **launch)
     return out
 
 
