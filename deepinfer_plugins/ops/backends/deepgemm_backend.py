@@ -22,15 +22,15 @@ the registry's next choice (FlashInfer, Triton's fused kernel, the reference) ru
 
 ``moe_experts`` (SM100, FP4 experts, bf16 activations) runs a layer's routed experts as three
 ``m_grouped_fp8_fp4_gemm_nt_contiguous`` calls (gate, up, down) in the contiguous layout with PSUM offsets: the
-(token, slot) assignments sorted by expert, each expert's rows starting at a multiple of
-``get_mk_alignment_for_contiguous_layout()`` and ``grouped_layout`` [E] int32 the end of each expert's rows
-(the next expert starts at that end aligned up; DeepGEMM's own tests build the layout so). Everything is sized from the shapes (the rows buffer holds the most rows any routing can need), so
-no token count is read on the host. The weight scales are handed over in the library's own packed UE8M0 layout,
-made by ``transform_sf_into_required_layout`` once per stacked tensor (and again after an in-place reload):
-the library would otherwise convert them from fp32 on every call, 0.57 GB for one layer's w1 scales at V4.1
-size. The packed copies cost about as much memory as the checkpoint's scales (1/16 of the FP4 experts).
-Activations are E4M3 per token per 32 columns, as for ``linear_fp4``; SwiGLU, the router weight and the fp32
-combine in ascending expert id follow the reference op by op.
+(token, slot) assignments sorted by expert, each expert's rows starting at the previous expert's end aligned up
+to ``get_mk_alignment_for_contiguous_layout()``, ``grouped_layout`` [E] int32 the end of each expert's rows
+(the layout DeepGEMM's own tests build). Everything is sized from the shapes (the rows buffer holds the most
+rows any routing can need), so no token count is read on the host. The weight scales are handed over in the
+library's own packed UE8M0 layout, made by ``transform_sf_into_required_layout`` once per stacked tensor (and
+again after an in-place reload): the library would otherwise convert them from fp32 on every call, 0.57 GB for
+one layer's w1 scales at V4.1 size. The packed copies cost about as much memory as the checkpoint's scales
+(1/16 of the FP4 experts). Activations are E4M3 per token per 32 columns, as for ``linear_fp4``; SwiGLU, the
+router weight and the fp32 combine in ascending expert id follow the reference op by op.
 
 None of this has run against a real DeepGEMM; tests/ops/test_gemm_ops.py checks the calls against a fake.
 """
