@@ -47,6 +47,15 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     return experts_one_by_one(x, route_weights, expert_ids, experts, swiglu_limit, linear_fp4.reference)
 
 
+def sort_by_expert(expert_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (token, slot) assignments sorted by expert, stably, on the device with no host read, as grouped kernels
+    need them: (sorted expert ids [T * k], assignment ids token * k + slot in that order, bounds [E + 1]: expert
+    e's assignments are sorted rows bounds[e] to bounds[e + 1])."""
+    sorted_experts, order = torch.sort(expert_ids.reshape(-1), stable=True)
+    bounds = torch.searchsorted(sorted_experts, torch.arange(n_experts + 1, device=expert_ids.device))
+    return sorted_experts, order, bounds
+
+
 def experts_one_by_one(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.Tensor,
                        experts: ExpertWeights, swiglu_limit: float | None, fp4_linear: Callable) -> torch.Tensor:
     """The reference's loop with its FP4 projections done by ``fp4_linear`` (the benchmark passes the registry's

@@ -42,7 +42,7 @@ import weakref
 
 import torch
 
-from ..moe import ExpertWeights
+from ..moe import ExpertWeights, sort_by_expert
 from ..quant import fp8_block_quant
 from ..reference import swiglu
 from ..registry import hookimpl
@@ -145,14 +145,12 @@ def contiguous_layout(expert_ids: torch.Tensor, n_experts: int, alignment: int):
     it: expert e's rows start at align(grouped_layout[e - 1], alignment) and end at grouped_layout[e], the
     padding between them skipped by the kernel. The buffer is sized for the worst routing: every non-empty
     expert pads at most ``alignment - 1`` rows."""
-    flat = expert_ids.reshape(-1)
-    assignments = flat.numel()
-    sorted_experts, order = torch.sort(flat, stable=True)
-    bounds = torch.searchsorted(sorted_experts, torch.arange(n_experts + 1, device=flat.device))
+    assignments = expert_ids.numel()
+    sorted_experts, order, bounds = sort_by_expert(expert_ids, n_experts)
     counts = bounds[1:] - bounds[:-1]
     aligned = (counts + alignment - 1) // alignment * alignment
     start = aligned.cumsum(0) - aligned
-    rows = start[sorted_experts] + torch.arange(assignments, device=flat.device) - bounds[sorted_experts]
+    rows = start[sorted_experts] + torch.arange(assignments, device=expert_ids.device) - bounds[sorted_experts]
     capacity = assignments + min(assignments, n_experts) * (alignment - 1)
     return order, rows, (start + counts).to(torch.int32), capacity
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...moe import ExpertWeights
+from ...moe import ExpertWeights, sort_by_expert
 from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty
 from .gemm import SCALE_BLOCK, accumulate_dot, apply_block_scale, fp4_codes
 from .misc import swiglu_values
@@ -144,14 +144,12 @@ def default_config(assignments: int, n_experts: int, dtype: torch.dtype) -> MoeC
 def block_table(expert_ids: torch.Tensor, n_experts: int, block_m: int):
     """Device-side routing: (assignment ids sorted by expert, stably; per block its expert or -1, first sorted
     row and end row), with as many blocks as the shapes allow, so no count is read on the host."""
-    flat = expert_ids.reshape(-1)
-    assignments = flat.numel()
-    sorted_experts, order = torch.sort(flat, stable=True)
-    bounds = torch.searchsorted(sorted_experts, torch.arange(n_experts + 1, device=flat.device))  # [E + 1]
+    assignments = expert_ids.numel()
+    _, order, bounds = sort_by_expert(expert_ids, n_experts)
     blocks = (bounds[1:] - bounds[:-1] + block_m - 1) // block_m
     block_end = blocks.cumsum(0)
     most_blocks = min(assignments, triton.cdiv(assignments, block_m) + n_experts)
-    block = torch.arange(most_blocks, device=flat.device)
+    block = torch.arange(most_blocks, device=expert_ids.device)
     expert = torch.searchsorted(block_end, block, right=True)
     real = expert < n_experts
     expert = expert.clamp(max=n_experts - 1)
