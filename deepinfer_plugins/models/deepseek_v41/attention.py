@@ -158,9 +158,7 @@ class Compressor(nn.Module):
     def forward(self, values: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Ratio > 1: the inputs of complete groups [groups * ratio, head_dim] (fp32) -> entries [groups,
         head_dim] in ``dtype``, unrotated."""
-        grouped_v = values.unflatten(0, (-1, self.ratio))  # [groups, ratio, head_dim]
-        weights = gates.unflatten(0, (-1, self.ratio)).softmax(dim=1)
-        return self.norm((weights * grouped_v).sum(dim=1).to(dtype))
+        return ops.csa2_compress(values, gates, self.ratio, self.norm.weight, self.norm.eps, dtype)
 
 
 class Attention(nn.Module):

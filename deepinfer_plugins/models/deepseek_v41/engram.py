@@ -8,7 +8,6 @@ with a learned key of the looked-up memory and adds the memory's value where the
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from torch import nn
@@ -29,7 +28,8 @@ class EngramTable(nn.Module):
                                   requires_grad=False)
 
     def forward(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return ops.dequant_fp8_rows(self.weight[ids], self.scale[ids], dtype)
+        """ids [n, columns] -> [n, columns, width]: one op, so a kernel reads only the looked-up rows' bytes."""
+        return ops.engram_gather(self.weight, self.scale, ids, dtype)
 
 
 class Engram(nn.Module):
@@ -47,15 +47,10 @@ class Engram(nn.Module):
         d = streams.shape[-1]
         memory = self.embed(row_ids, streams.dtype).flatten(1)  # [n, columns * width]
         kv = self.wkv(memory)
-        key = kv[:, : self.hc * d].unflatten(-1, (self.hc, d)).float()  # [n, S, d]
-        value = kv[:, self.hc * d:].float()  # [n, d]
-        h = streams.float()
+        key = kv[:, : self.hc * d].unflatten(-1, (self.hc, d))  # [n, S, d]
+        value = kv[:, self.hc * d:]  # [n, d]
         w = self.q_weight.float() * self.k_weight.float()  # only the product of the two is ever used
-        dot = (h * w * key).sum(-1)
-        dot = dot * torch.rsqrt(h.pow(2).mean(-1) + self.eps) * torch.rsqrt(key.pow(2).mean(-1) + self.eps)
-        dot = dot / math.sqrt(d)
-        gate = torch.sigmoid(dot.sign() * dot.abs().clamp(min=1e-6).sqrt())  # [n, S]
-        return (h + gate[..., None] * value[:, None, :]).to(streams.dtype)
+        return ops.engram_gate(streams, key, value, w, self.eps)
 
 
 class EngramHasher(nn.Module):

@@ -170,30 +170,54 @@ def engram_hash(ngram_tokens, multipliers, primes, offsets) -> torch.Tensor:
 
 
 @triton.jit
-def _engram_gate_kernel(x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, S, D, eps, inv_sqrt_d, SP: tl.constexpr, DP: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    s = tl.arange(0, SP)[:, None]
-    d = tl.arange(0, DP)[None, :]
-    mask = (s < S) & (d < D)
-    h = tl.load(x_ptr + (t * S + s) * D + d, mask=mask, other=0.0).to(tl.float32)
-    key = tl.load(k_ptr + (t * S + s) * D + d, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + s * D + d, mask=mask, other=0.0).to(tl.float32)
-    value = tl.load(v_ptr + t * D + d, mask=d < D, other=0.0).to(tl.float32)
-    dot = tl.sum(h * w * key, axis=1)
-    dot = dot * (1.0 / tl.sqrt(tl.sum(h * h, axis=1) / D + eps)) * (1.0 / tl.sqrt(tl.sum(key * key, axis=1) / D + eps))
-    dot = dot * inv_sqrt_d
-    mag = tl.sqrt(tl.maximum(tl.abs(dot), 1e-6))
-    signed = tl.where(dot > 0, mag, tl.where(dot < 0, -mag, 0.0))
+def _engram_gate_kernel(x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, S, D, k_token_stride, v_token_stride, eps, inv_sqrt_d,
+                        BD: tl.constexpr):
+    """Stream s of token t, as program t * S + s: a stream's gate needs only its own row, so the streams of a
+    decode token run on S multiprocessors instead of one. A pass over d sums the fp32 dot and both squares, a
+    second writes h + gate * value. ``key`` and ``value`` rows may be strided slices of one wkv output row."""
+    row = tl.program_id(0).to(tl.int64)
+    t = row // S
+    s = row % S
+    x_row = x_ptr + row * D
+    k_row = k_ptr + t * k_token_stride + s * D
+    w_row = w_ptr + s * D
+    dot = tl.zeros([BD], tl.float32)
+    h_sq = tl.zeros([BD], tl.float32)
+    k_sq = tl.zeros([BD], tl.float32)
+    for d0 in range(0, D, BD):
+        d = d0 + tl.arange(0, BD)
+        mask = d < D
+        h = tl.load(x_row + d, mask=mask, other=0.0).to(tl.float32)
+        key = tl.load(k_row + d, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_row + d, mask=mask, other=0.0).to(tl.float32)
+        dot += h * w * key
+        h_sq += h * h
+        k_sq += key * key
+    total = tl.sum(dot, axis=0) * (1.0 / tl.sqrt(tl.sum(h_sq, axis=0) / D + eps))
+    total = total * (1.0 / tl.sqrt(tl.sum(k_sq, axis=0) / D + eps)) * inv_sqrt_d
+    mag = tl.sqrt(tl.maximum(tl.abs(total), 1e-6))
+    signed = tl.where(total > 0, mag, tl.where(total < 0, -mag, 0.0))
     gate = 1.0 / (1.0 + tl.exp(-signed))
-    tl.store(out_ptr + (t * S + s) * D + d, (h + gate[:, None] * value).to(out_ptr.dtype.element_ty), mask=mask)
+    v_row = v_ptr + t * v_token_stride
+    for d0 in range(0, D, BD):
+        d = d0 + tl.arange(0, BD)
+        mask = d < D
+        h = tl.load(x_row + d, mask=mask, other=0.0).to(tl.float32)
+        value = tl.load(v_row + d, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * D + d, (h + gate * value).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def engram_gate(streams, key, value, w, eps: float) -> torch.Tensor:
     t, s, d = streams.shape
     out = empty(streams.shape, streams.dtype, streams.device)
+    if key.stride(-1) != 1 or key.stride(1) != d:
+        key = key.contiguous()
+    if value.stride(-1) != 1:
+        value = value.contiguous()
     if t:
-        _engram_gate_kernel[(t,)](streams.contiguous(), key.contiguous(), value.contiguous(), w.contiguous(), out, s,
-                                  d, float(eps), 1.0 / math.sqrt(d), SP=max(2, next_pow2(s)), DP=next_pow2(d))
+        _engram_gate_kernel[(t * s,)](streams.contiguous(), key, value, w.contiguous(), out, s, d, key.stride(0),
+                                      value.stride(0), float(eps), 1.0 / math.sqrt(d),
+                                      BD=min(next_pow2(d), 8192 if INTERPRETED else 1024))
     return out
 
 
