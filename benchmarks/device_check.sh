@@ -4,7 +4,7 @@
 # long costs only itself.
 #   1. install the package offline (no index there: --no-deps --no-build-isolation; the image has torch, triton)
 #   2. build the CUDA extension for sm_90a in the background while the Triton kernel tests (the grouped MoE
-#      kernels' too) run compiled on the GPU (DEEPINFER_TEST_DEVICE=cuda: the same tests CI runs under the
+#      and GEMM kernels' too) run compiled on the GPU (DEEPINFER_TEST_DEVICE=cuda: the same tests CI runs under the
 #      interpreter)
 #   3. a smoke test of the wgmma kernel, which has never run: if it fails or hangs, the benchmark leaves it out
 #   4. benchmarks/kernels.py --check --sweep: every backend and attention / GEMM / MoE variant checked and timed at
@@ -29,7 +29,8 @@ timeout 90 "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pi
 log "2/6 CUDA extension build (background) + Triton kernel tests on the GPU"
 ( timeout 150 "$PY" kernels/cuda/build.py >"$OUT/build.txt" 2>&1; echo "build rc=$?" >>"$OUT/build.txt" ) &
 build_pid=$!
-DEEPINFER_TEST_DEVICE=cuda timeout 100 "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/ops/test_triton_kernels.py tests/ops/test_triton_moe.py \
+DEEPINFER_TEST_DEVICE=cuda timeout 140 "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/ops/test_triton_kernels.py tests/ops/test_triton_moe.py \
+  tests/ops/test_triton_gemm.py \
   >"$OUT/tests.txt" 2>&1; log "triton GPU tests rc=$? ($(tail -1 "$OUT/tests.txt"))"
 wait "$build_pid"; log "$(tail -1 "$OUT/build.txt")"
 

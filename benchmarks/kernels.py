@@ -231,7 +231,18 @@ def cases(device: str, quick: bool) -> list[Case]:
                     2 * b * 5120 * 2304))
     out.append(Case("linear_fp4", [(act, w4.to(device), s4.to(device))], 2304 * 5120 * 17 // 32
                     + b * (5120 + 2304) * 2, 2 * b * 5120 * 2304))
+    # wo_a: 8 groups of 1024 rows over 4096 columns (64 heads x 512 / 8); the model dequantised it every call
+    wo_a, wo_a_scale = ops.quantize_fp8_weight(torch.randn(8192, 4096, generator=g) * 0.02)
+    out.append(Case("linear_fp8_grouped", [(rnd(b, 8, 4096), wo_a.to(device), wo_a_scale.to(device))],
+                    8192 * 4096 + b * 8 * (4096 + 1024) * 2, 2 * b * 8192 * 4096))
     streams = rnd(b, 4, 5120)
+    kv = rnd(b, 5 * 5120)  # Engram's wkv output: the key of every stream, then the value
+    out.append(Case("engram_gate", [(streams, kv[:, : 4 * 5120].unflatten(-1, (4, 5120)), kv[:, 4 * 5120:],
+                                     rnd(4, 5120, dtype=torch.float32), 1e-20)],
+                    b * (4 + 5 + 4) * 5120 * 2 + 4 * 5120 * 4))
+    out.append(Case("csa2_compress", [(rnd(b * 2, 512, dtype=torch.float32), rnd(b * 2, 512, dtype=torch.float32), 2,
+                                       rnd(512, dtype=torch.float32), 1e-20, torch.bfloat16)],
+                    b * 2 * 2 * 512 * 4 + b * 512 * 2))
     out.append(Case("hc_coefficients", [(streams, rnd(24, 4 * 5120, dtype=torch.float32),
                                          rnd(24, dtype=torch.float32), rnd(3, dtype=torch.float32), 20, 1e-6, 1e-20)],
                     b * 4 * 5120 * 2 + 24 * 4 * 5120 * 4, b * 2 * 24 * 4 * 5120))

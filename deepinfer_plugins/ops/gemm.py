@@ -25,3 +25,16 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
 def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ W^T for W E2M1 packed two per int8 [out, in/2] with E8M0 scales per row per 32 [out, in/32]."""
     return x @ dequant_fp4_weight(weight, scale, x.dtype).t()
+
+
+@registry.reference("linear_fp8_grouped")
+def linear_fp8_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A block-diagonal ``linear_fp8``: x [n, G, in] -> [n, G, out / G], group g multiplying its input by rows
+    [g * out / G, (g + 1) * out / G) of W E4M3 [out, in] (E8M0 scales per 32x32 block of W). wo_a's grouped
+    low-rank projection: one op, so that a kernel reads the FP8 weight instead of a dequantised copy per step."""
+    groups = x.shape[1] if x.dim() == 3 else 0
+    if groups < 1 or weight.shape[0] % groups:
+        raise ValueError(f"grouped x must be [n, G, in] with G >= 1 equal row blocks of the weight "
+                         f"{tuple(weight.shape)}; got x {tuple(x.shape)}")
+    dense = dequant_fp8_weight(weight, scale, x.dtype).unflatten(0, (groups, -1))  # [G, out / G, in]
+    return torch.einsum("ngi,goi->ngo", x, dense)

@@ -1,5 +1,5 @@
-"""Fused dequantise + GEMM Triton kernels (linear_fp8, linear_fp4) against their references: under the Triton
-interpreter by default, compiled on a GPU with ``DEEPINFER_TEST_DEVICE=cuda``.
+"""Fused dequantise + GEMM Triton kernels (linear_fp8, linear_fp4, linear_fp8_grouped) against their references:
+under the Triton interpreter by default, compiled on a GPU with ``DEEPINFER_TEST_DEVICE=cuda``.
 
 Every decoded weight equals the reference dequantiser's value in x's dtype, so only the fp32 summation order
 differs: fp32 outputs agree to ~1e-6 of the output scale, bf16 outputs to one bf16 rounding. Covered: tails of
@@ -140,6 +140,52 @@ def test_negative_zero_weights_give_zero_rows(fmt, gen):
     assert_matches(got, reference(fmt, x, weight, scale), torch.float32)
 
 
-def test_triton_backend_maps_both_ops_to_these_launchers():
-    for name in ("linear_fp8", "linear_fp4"):
+# ---- linear_fp8_grouped (wo_a: a block-diagonal product of G row blocks of one FP8 weight) ----------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("groups,out_per_group,in_features", [(2, 64, 96), (3, 40, 64), (8, 128, 512)])
+def test_grouped_linear_matches_reference(groups, out_per_group, in_features, rows, dtype, gen):
+    """40 rows per group: scale blocks (32 weight rows) straddle the group boundaries; 8 x 128 over 512 is wo_a's
+    shape at an eighth of V4.1's width."""
+    weight, scale = random_weight("fp8", groups * out_per_group, in_features, gen)
+    x = torch.randn(rows, groups, in_features, generator=gen).to(dtype)
+    got = gemm.linear_fp8_grouped(x, weight, scale)
+    assert got.shape == (rows, groups, out_per_group)
+    assert_matches(got, ops.linear_fp8_grouped.reference(x, weight, scale), dtype)
+
+
+@pytest.mark.parametrize("config", [GemmConfig(16, 32, 32, split_k=3), GemmConfig(16, 64, 64, split_k=0),
+                                    GemmConfig(16, 128, 32, split_k=1)])
+def test_grouped_linear_tiles_and_k_splits(config, gen):
+    """K splits (partials indexed by group), an N tile wider than a group's rows, several N tiles per group."""
+    weight, scale = random_weight("fp8", 3 * 70, 160, gen)
+    x = torch.randn(9, 3, 160, generator=gen)
+    assert_matches(gemm.linear_fp8_grouped(x, weight, scale, config=config),
+                   ops.linear_fp8_grouped.reference(x, weight, scale), torch.float32)
+
+
+def test_grouped_linear_equals_one_linear_per_group(gen):
+    """Each group's output is the plain linear of its input against its row block (bf16: the same kernel tiles)."""
+    weight, scale = random_weight("fp8", 4 * 64, 96, gen)
+    x = torch.randn(6, 4, 96, generator=gen).to(torch.bfloat16)
+    got = gemm.linear_fp8_grouped(x, weight, scale, config=GemmConfig(16, 64, 32, split_k=1))
+    for g in range(4):
+        block = gemm.linear_fp8(x[:, g], weight[64 * g: 64 * (g + 1)], scale[2 * g: 2 * (g + 1)],
+                                config=GemmConfig(16, 64, 32, split_k=1))
+        assert torch.equal(got[:, g], block)
+
+
+def test_grouped_linear_rejects_shapes_like_the_reference(gen):
+    weight, scale = random_weight("fp8", 96, 64, gen)
+    for x in (torch.randn(2, 5, 64), torch.randn(2, 64), torch.randn(2, 0, 64)):
+        with pytest.raises(ValueError, match="grouped x"):
+            gemm.linear_fp8_grouped(x, weight, scale)
+        with pytest.raises(ValueError, match="grouped x"):
+            ops.linear_fp8_grouped.reference(x, weight, scale)
+    empty = gemm.linear_fp8_grouped(torch.randn(0, 3, 64), weight, scale)
+    assert empty.shape == (0, 3, 32)
+
+
+def test_triton_backend_maps_the_gemm_ops_to_these_launchers():
+    for name in ("linear_fp8", "linear_fp4", "linear_fp8_grouped"):
         assert triton_backend.OPS[name] == "gemm" and callable(getattr(gemm, name))

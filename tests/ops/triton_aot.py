@@ -231,6 +231,12 @@ def _launches() -> list[Launch]:
                 label = f"V4.1 {out_features}x{in_features} M={rows} {config or 'default'}"
                 add(f"linear_fp8 {label}", gemm.linear_fp8, z(rows, in_features, dtype=bf16), w8, s8, config=config)
                 add(f"linear_fp4 {label}", gemm.linear_fp4, z(rows, in_features, dtype=bf16), w4, s4, config=config)
+    # wo_a: 8 groups of 1024 rows over 4096 columns (64 heads x 512 / 8)
+    wo_a, wo_a_scale = z(8192, 4096, dtype=torch.float8_e4m3fn), z(256, 128, dtype=torch.float8_e8m0fnu)
+    for rows in (1, 8, 64, 384):
+        for dtype in (f32, bf16):
+            add(f"linear_fp8_grouped V4.1 wo_a M={rows} {dtype}", gemm.linear_fp8_grouped,
+                z(rows, 8, 4096, dtype=dtype), wo_a, wo_a_scale)
 
     # grouped routed experts: the tests' shapes, then V4.1's d = 5120, I = 2304 at top-6 with every candidate tiling
     # (8 experts: the expert count changes only the launch grid, not the compiled kernels)
@@ -303,6 +309,11 @@ def _launches() -> list[Launch]:
     add("engram_hash", misc.engram_hash, z(11, 4, dtype=torch.int64), z(4, dtype=torch.int64),
         torch.ones(3, 8, dtype=torch.int64), z(3, 8, dtype=torch.int64))
     add("engram_gate", misc.engram_gate, z(3, 4, 64, dtype=bf16), z(3, 4, 64), z(3, 64), z(4, 64), 1e-6)
+    add("csa2_compress V4.1", misc.csa2_compress, z(128, 512), z(128, 512), 2, z(512), 1e-20, bf16)
+    for b in (1, 64):  # key and value as slices of the [b, 5 * 5120] wkv output, as the model passes them
+        kv = z(b, 5 * 5120, dtype=bf16)
+        add(f"engram_gate V4.1 b={b}", misc.engram_gate, z(b, 4, 5120, dtype=bf16),
+            kv[:, : 4 * 5120].unflatten(-1, (4, 5120)), kv[:, 4 * 5120:], z(4, 5120), 1e-20)
     for ratio in (2, 4):
         for dtype in (f32, bf16):
             add(f"csa2_compress ratio={ratio} {dtype}", misc.csa2_compress, z(8, 48), z(8, 48), ratio, z(48), 1e-20,

@@ -284,6 +284,4 @@ class Attention(nn.Module):
     def project_out(self, o: torch.Tensor) -> torch.Tensor:
         """o [n, heads, head_dim] -> grouped low-rank wo_a (one block per group of heads) -> wo_b -> [n, d]."""
         grouped = o.flatten(1).unflatten(-1, (self.o_groups, -1))  # [n, groups, heads/groups * head_dim]
-        wo_a = self.wo_a.dense_weight(o.dtype).unflatten(0, (self.o_groups, -1))  # [groups, o_lora, in/group]
-        low_rank = torch.einsum("ngi,goi->ngo", grouped, wo_a).flatten(1)  # [n, groups * o_lora]
-        return self.wo_b(low_rank)
+        return self.wo_b(self.wo_a.grouped(grouped).flatten(1))  # wo_a: [n, groups, o_lora]

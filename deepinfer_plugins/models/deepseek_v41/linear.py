@@ -69,5 +69,13 @@ class Linear(nn.Module):
             return ops.linear_fp4(x, self.weight, self.scale)
         return x @ self.weight.to(x.dtype).t()
 
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, G, in] -> [n, G, out / G]: group g multiplies its input by the g-th of G equal row blocks of W (a
+        block-diagonal product: wo_a's grouped projection)."""
+        dense = getattr(self, "dense", None)
+        if self.fmt == "fp8" and (dense is None or dense.dtype != x.dtype):
+            return ops.linear_fp8_grouped(x, self.weight, self.scale)
+        return torch.einsum("ngi,goi->ngo", x, self.dense_weight(x.dtype).unflatten(0, (x.shape[1], -1)))
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, fmt={self.fmt}"

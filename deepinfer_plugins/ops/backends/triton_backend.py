@@ -24,7 +24,7 @@ OPS = {
     "pack_cache_records": "quant", "unpack_cache_records": "quant", "cache_write": "quant", "cache_gather": "quant",
     "engram_gather": "quant",
     "sparse_attention": "attention", "sparse_attention_records": "attention",
-    "linear_fp8": "gemm", "linear_fp4": "gemm", "moe_experts": "moe",
+    "linear_fp8": "gemm", "linear_fp4": "gemm", "linear_fp8_grouped": "gemm", "moe_experts": "moe",
     "indexer_scores": "indexer", "topk_indices": "indexer", "candidate_mask": "indexer", "indexer_topk": "indexer",
     "indexer_scores_records": "indexer", "indexer_topk_records": "indexer",
     "sinkhorn": "mhc", "hc_coefficients": "mhc", "hc_collapse": "mhc", "hc_collapse_norm": "mhc", "hc_expand": "mhc",

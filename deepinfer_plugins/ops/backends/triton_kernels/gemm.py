@@ -91,22 +91,26 @@ def accumulate_dot(acc, x, w, DOT_FP32: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split, w_row_stride, s_row_stride,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP4: tl.constexpr,
-                   SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr, DOT_FP32: tl.constexpr,
+def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split, n_tiles, x_row_stride, w_row_stride,
+                   s_row_stride, out_row_stride, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   FP4: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr, DOT_FP32: tl.constexpr,
                    SPLIT: tl.constexpr):
-    """out[m, n] (or part[split, m, n]) = sum over this split's k of x[m, k] * value(w[n, k]) * scale(n, k).
+    """out[m, g N + n] (or part[split, m, g N + n]) = sum over this split's k of x[m, g K + k] * value(w[g N + n, k])
+    * scale(g N + n, k): group g = program_id(1) // n_tiles of a block-diagonal product (one group when not
+    grouped), its N columns in n_tiles tiles of BN.
 
-    w is E4M3 bytes [N, K] (FP4 = False) or E2M1 codes packed two per byte [N, K / 2], even k in the low nibble;
-    the scale of (n, k) is s[n // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32."""
+    w is E4M3 bytes [G N, K] (FP4 = False) or E2M1 codes packed two per byte [G N, K / 2], even k in the low nibble;
+    the scale of weight row r and column k is s[r // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32."""
     m = tl.program_id(0) * BM + tl.arange(0, BM)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    group = tl.program_id(1) // n_tiles
+    n = (tl.program_id(1) % n_tiles) * BN + tl.arange(0, BN)
     split = tl.program_id(2)
     m_mask = m < M
     n_mask = n < N
-    x_rows = x_ptr + m.to(tl.int64)[:, None] * K
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * w_row_stride
-    s_rows = s_ptr + (n // SCALE_ROWS).to(tl.int64)[:, None] * s_row_stride
+    w_row = group * N + n
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * x_row_stride + group * K
+    w_rows = w_ptr + w_row.to(tl.int64)[:, None] * w_row_stride
+    s_rows = s_ptr + (w_row // SCALE_ROWS).to(tl.int64)[:, None] * s_row_stride
     acc = tl.zeros([BM, BN], tl.float32)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
@@ -121,9 +125,9 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
         w = apply_block_scale(w, s_rows, k0, n_mask, K, BN, BK, SCALE_BYTES).to(x_ptr.dtype.element_ty)
         acc = accumulate_dot(acc, x, w, DOT_FP32)
     out_mask = m_mask[:, None] & n_mask[None, :]
-    offsets = m.to(tl.int64)[:, None] * N + n[None, :]
+    offsets = m.to(tl.int64)[:, None] * out_row_stride + w_row[None, :]
     if SPLIT:
-        tl.store(part_ptr + split.to(tl.int64) * M * N + offsets, acc, mask=out_mask)
+        tl.store(part_ptr + split.to(tl.int64) * M * out_row_stride + offsets, acc, mask=out_mask)
     else:
         tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
@@ -149,16 +153,21 @@ def default_config(rows: int, dtype: torch.dtype) -> GemmConfig:
     return MEDIUM_M_CONFIG if rows >= MEDIUM_FROM_ROWS else SMALL_M_CONFIG
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: bool,
-            config: GemmConfig | None) -> torch.Tensor:
-    n = weight.shape[0]
+def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: bool, config: GemmConfig | None,
+            groups: int | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N]; with ``groups``, x [n, groups, K] -> [n, groups, N / groups] (block-diagonal)."""
+    g = groups or 1
+    n = weight.shape[0] // g
     k = weight.shape[1] * (2 if fp4 else 1)
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} input features, the weight {k}")
     if fp4 and k % SCALE_BLOCK:
         raise ValueError(f"FP4 weights need in_features divisible by {SCALE_BLOCK}; got {k}")
+    if groups is not None and (x.dim() != 3 or groups < 1 or n * groups != weight.shape[0]):
+        raise ValueError(f"grouped x must be [n, G, {k}] with G >= 1 equal row blocks of the weight "
+                         f"{tuple(weight.shape)}; got x {tuple(x.shape)}")
     out = empty((*x.shape[:-1], n), x.dtype, x.device)
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = x.reshape(-1, g * k).contiguous()
     rows = x2.shape[0]
     if out.numel() == 0:
         return out
@@ -170,7 +179,8 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: boo
     config = config or default_config(rows, x.dtype)
     bm = max(16, min(triton.next_power_of_2(rows), config.block_m))
     bn, bk = config.block_n, config.block_k
-    tiles = triton.cdiv(rows, bm) * triton.cdiv(n, bn)
+    n_tiles = triton.cdiv(n, bn)
+    tiles = triton.cdiv(rows, bm) * g * n_tiles
     k_blocks = triton.cdiv(k, bk)
     splits = max(1, min(config.split_k or split_count(tiles, k_blocks, MIN_K_BLOCKS_PER_SPLIT), k_blocks))
     k_per_split = triton.cdiv(k_blocks, splits) * bk
@@ -179,13 +189,14 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: boo
                   DOT_FP32=INTERPRETED or x.dtype == torch.float32, SPLIT=splits > 1)
     if not INTERPRETED:
         launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
-    partials = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device) if splits > 1 else out
-    grid = (triton.cdiv(rows, bm), triton.cdiv(n, bn), splits)
-    _linear_kernel[grid](x2, weight, scale, out, partials, rows, n, k, k_per_split, weight.shape[1],
-                         scale.shape[1], **launch)
+    partials = torch.empty(splits, rows, g * n, dtype=torch.float32, device=x.device) if splits > 1 else out
+    grid = (triton.cdiv(rows, bm), g * n_tiles, splits)
+    _linear_kernel[grid](x2, weight, scale, out, partials, rows, n, k, k_per_split, n_tiles, g * k, weight.shape[1],
+                         scale.shape[1], g * n, **launch)
     if splits > 1:
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(rows * n, block),)](partials, out, rows * n, SPLITS=splits, BLOCK=block)
+        _sum_splits_kernel[(triton.cdiv(rows * g * n, block),)](partials, out, rows * g * n, SPLITS=splits,
+                                                                BLOCK=block)
     return out
 
 
@@ -199,3 +210,9 @@ def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                config: GemmConfig | None = None) -> torch.Tensor:
     """x [..., in] @ W^T for W E2M1 packed two per int8 [out, in/2] with E8M0 scales per row per 32 [out, in/32]."""
     return _linear(x, weight, scale, fp4=True, config=config)
+
+
+def linear_fp8_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       config: GemmConfig | None = None) -> torch.Tensor:
+    """x [n, G, in] -> [n, G, out / G]: group g times rows [g out / G, (g + 1) out / G) of W E4M3 [out, in]."""
+    return _linear(x, weight, scale, fp4=False, config=config, groups=x.shape[1] if x.dim() == 3 else 0)
