@@ -231,6 +231,13 @@ def cases(device: str, quick: bool) -> list[Case]:
                     2 * b * 5120 * 2304))
     out.append(Case("linear_fp4", [(act, w4.to(device), s4.to(device))], 2304 * 5120 * 17 // 32
                     + b * (5120 + 2304) * 2, 2 * b * 5120 * 2304))
+    # the router and the LM head: bf16 weights, fp32 logits (the model made an fp32 copy of each weight per call);
+    # the CPU times an eighth of the vocabulary
+    vocab = 129280 if device == "cuda" else 129280 // 8
+    for label, out_features in (("router", 384), ("head", vocab)):
+        weight = (torch.randn(out_features, 5120, generator=g) * 0.02).bfloat16().to(device)
+        out.append(Case(f"linear_to_fp32[{label}]", [(rnd(b, 5120), weight)],
+                        out_features * 5120 * 2 + b * (5120 * 2 + out_features * 4), 2 * b * out_features * 5120))
     # wo_a: 8 groups of 1024 rows over 4096 columns (64 heads x 512 / 8); the model dequantised it every call
     wo_a, wo_a_scale = ops.quantize_fp8_weight(torch.randn(8192, 4096, generator=g) * 0.02)
     out.append(Case("linear_fp8_grouped", [(rnd(b, 8, 4096), wo_a.to(device), wo_a_scale.to(device))],

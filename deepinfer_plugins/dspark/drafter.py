@@ -237,7 +237,7 @@ class DSparkDrafter(nn.ModuleList):
             greedy_draft = bool((torch.as_tensor(temperature) == 0).all())
         h = self.hidden(embed, anchors, states)  # [R, B, d]
         last = self[-1]
-        base = torch.nn.functional.linear(last.norm(h).float(), head_weight.float())  # [R, B, V] fp32
+        base = ops.linear_to_fp32(last.norm(h), head_weight)  # [R, B, V] fp32
         prev = anchors.long()
         tokens, conf_logits, probs = [], [], []
         for k in range(self.block_size):  # the Markov stage: slot k conditions on the token drafted at k-1

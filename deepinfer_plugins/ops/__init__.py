@@ -56,9 +56,9 @@ from .indexer import indexer_scores_records, indexer_topk, indexer_topk_records
 __all__ += ["indexer_scores_records", "indexer_topk", "indexer_topk_records"]
 
 # Weight-quantised GEMMs (DeepGEMM / FlashInfer backends on CUDA).
-from .gemm import linear_fp4, linear_fp8, linear_fp8_grouped
+from .gemm import linear_fp4, linear_fp8, linear_fp8_grouped, linear_to_fp32
 
-__all__ += ["linear_fp4", "linear_fp8", "linear_fp8_grouped"]
+__all__ += ["linear_fp4", "linear_fp8", "linear_fp8_grouped", "linear_to_fp32"]
 
 # The routed experts of an MoE layer as one grouped op over stacked expert weights.
 from .moe import ExpertWeights, moe_experts

@@ -38,3 +38,11 @@ def linear_fp8_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
                          f"{tuple(weight.shape)}; got x {tuple(x.shape)}")
     dense = dequant_fp8_weight(weight, scale, x.dtype).unflatten(0, (groups, -1))  # [G, out / G, in]
     return torch.einsum("ngi,goi->ngo", x, dense)
+
+
+@registry.reference("linear_to_fp32")
+def linear_to_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in] @ W^T in fp32 for float x and W [out, in] (the router and the LM head, which V4.1 computes in
+    fp32). One op, so that a kernel reads the bf16 weight as stored: bf16 products are exact in fp32, so only the
+    summation order differs, where an fp32 copy of the head would be 2.6 GB written and read again every step."""
+    return x.float() @ weight.float().t()

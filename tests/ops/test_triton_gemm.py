@@ -1,5 +1,6 @@
-"""Fused dequantise + GEMM Triton kernels (linear_fp8, linear_fp4, linear_fp8_grouped) against their references:
-under the Triton interpreter by default, compiled on a GPU with ``DEEPINFER_TEST_DEVICE=cuda``.
+"""Fused dequantise + GEMM Triton kernels (linear_fp8, linear_fp4, linear_fp8_grouped) and the float-weight GEMM
+with fp32 output (linear_to_fp32) against their references: under the Triton interpreter by default, compiled on a
+GPU with ``DEEPINFER_TEST_DEVICE=cuda``.
 
 Every decoded weight equals the reference dequantiser's value in x's dtype, so only the fp32 summation order
 differs: fp32 outputs agree to ~1e-6 of the output scale, bf16 outputs to one bf16 rounding. Covered: tails of
@@ -186,6 +187,34 @@ def test_grouped_linear_rejects_shapes_like_the_reference(gen):
     assert empty.shape == (0, 3, 32)
 
 
+# ---- linear_to_fp32 (the router and the LM head: float weights as stored, fp32 out) ------------------------------
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
+                                             (torch.bfloat16, torch.float32), (torch.float32, torch.float32)])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("out_features,in_features", [(384, 160), (1000, 96)])
+def test_linear_to_fp32_matches_reference(out_features, in_features, rows, x_dtype, w_dtype, gen):
+    """bf16 products are exact in fp32, so every pairing differs from the reference in summation order only."""
+    weight = torch.randn(out_features, in_features, generator=gen).to(w_dtype)
+    x = torch.randn(rows, in_features, generator=gen).to(x_dtype)
+    got = gemm.linear_to_fp32(x, weight)
+    assert got.dtype == torch.float32
+    assert_matches(got, ops.linear_to_fp32.reference(x, weight), torch.float32)
+
+
+@pytest.mark.parametrize("config", [GemmConfig(16, 32, 32, split_k=3), GemmConfig(16, 128, 64, split_k=0)])
+def test_linear_to_fp32_leading_dims_splits_and_bad_dtypes(config, gen):
+    """The drafter's [R, B, d] rows; K splits; FP8 codes or integer inputs are refused, not misread."""
+    weight = torch.randn(70, 160, generator=gen).bfloat16()
+    x = torch.randn(2, 3, 160, generator=gen).bfloat16()
+    got = gemm.linear_to_fp32(x, weight, config=config)
+    assert got.shape == (2, 3, 70)
+    assert_matches(got, ops.linear_to_fp32.reference(x, weight), torch.float32)
+    assert gemm.linear_to_fp32(torch.randn(0, 160).bfloat16(), weight).shape == (0, 70)
+    for bad_x, bad_w in ((x, weight.to(torch.float8_e4m3fn)), (x.long(), weight)):
+        with pytest.raises(ValueError, match="float x and W"):
+            gemm.linear_to_fp32(bad_x, bad_w)
+
+
 def test_triton_backend_maps_the_gemm_ops_to_these_launchers():
-    for name in ("linear_fp8", "linear_fp4", "linear_fp8_grouped"):
+    for name in ("linear_fp8", "linear_fp4", "linear_fp8_grouped", "linear_to_fp32"):
         assert triton_backend.OPS[name] == "gemm" and callable(getattr(gemm, name))

@@ -31,7 +31,8 @@ def test_entry_point_registers_triton_for_every_kernel_op():
     missing = sorted(set(triton_backend.OPS) & set(ops.registry.ops) - set(names))
     assert not missing, f"ops with a Triton kernel but no registration: {missing}"
     assert {"sparse_attention", "fp8_fake_quant", "topk_indices", "hc_coefficients", "hc_collapse_norm", "cache_write",
-            "moe_experts", "linear_fp8_grouped", "engram_gather", "engram_gate", "csa2_compress"} <= set(names)
+            "moe_experts", "linear_fp8_grouped", "linear_to_fp32", "engram_gather", "engram_gate",
+            "csa2_compress"} <= set(names)
 
 
 def test_forced_triton_is_used_on_cpu(monkeypatch):

@@ -122,7 +122,7 @@ class DeepseekV41Model(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [rows, d] -> fp32 logits [rows, vocab] (the head runs in fp32)."""
         head = getattr(self.head, "dense", None)
-        return torch.nn.functional.linear(hidden.float(), head if head is not None else self.head.weight.float())
+        return ops.linear_to_fp32(hidden, head if head is not None else self.head.weight)
 
     def keep_dense_weights(self) -> "DeepseekV41Model":
         """Dequantise every quantised projection once and keep the fp32 head: the CPU decode fast path.

@@ -37,7 +37,7 @@ class Gate(nn.Module):
         self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=torch.float32), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = x.float() @ self.weight.float().t()
+        logits = ops.linear_to_fp32(x, self.weight)
         return ops.sqrtsoftplus_route(logits, self.bias, self.top_k, self.route_scale)
 
 

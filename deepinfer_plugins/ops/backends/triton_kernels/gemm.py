@@ -93,14 +93,15 @@ def accumulate_dot(acc, x, w, DOT_FP32: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split, n_tiles, x_row_stride, w_row_stride,
                    s_row_stride, out_row_stride, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   FP4: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr, DOT_FP32: tl.constexpr,
-                   SPLIT: tl.constexpr):
+                   FP4: tl.constexpr, FLOAT_W: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr,
+                   DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
     """out[m, g N + n] (or part[split, m, g N + n]) = sum over this split's k of x[m, g K + k] * value(w[g N + n, k])
     * scale(g N + n, k): group g = program_id(1) // n_tiles of a block-diagonal product (one group when not
     grouped), its N columns in n_tiles tiles of BN.
 
-    w is E4M3 bytes [G N, K] (FP4 = False) or E2M1 codes packed two per byte [G N, K / 2], even k in the low nibble;
-    the scale of weight row r and column k is s[r // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32."""
+    w is E4M3 bytes [G N, K], E2M1 codes packed two per byte [G N, K / 2] (FP4), even k in the low nibble, or a
+    float weight taken as stored (FLOAT_W, no scale); the scale of weight row r and column k is
+    s[r // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32."""
     m = tl.program_id(0) * BM + tl.arange(0, BM)
     group = tl.program_id(1) // n_tiles
     n = (tl.program_id(1) % n_tiles) * BN + tl.arange(0, BN)
@@ -117,12 +118,15 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     for k0 in range(k_begin, k_end, BK):
         k = k0 + tl.arange(0, BK)
         x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k[None, :] < K), other=0.0)
-        if FP4:
-            w = fp4_codes(w_rows, k0, n_mask, K, BN, BK)
+        if FLOAT_W:
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0.0)
         else:
-            byte = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0).to(tl.int32)
-            w = e4m3_decode(byte)
-        w = apply_block_scale(w, s_rows, k0, n_mask, K, BN, BK, SCALE_BYTES).to(x_ptr.dtype.element_ty)
+            if FP4:
+                w = fp4_codes(w_rows, k0, n_mask, K, BN, BK)
+            else:
+                byte = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & (k[None, :] < K), other=0).to(tl.int32)
+                w = e4m3_decode(byte)
+            w = apply_block_scale(w, s_rows, k0, n_mask, K, BN, BK, SCALE_BYTES).to(x_ptr.dtype.element_ty)
         acc = accumulate_dot(acc, x, w, DOT_FP32)
     out_mask = m_mask[:, None] & n_mask[None, :]
     offsets = m.to(tl.int64)[:, None] * out_row_stride + w_row[None, :]
@@ -153,9 +157,11 @@ def default_config(rows: int, dtype: torch.dtype) -> GemmConfig:
     return MEDIUM_M_CONFIG if rows >= MEDIUM_FROM_ROWS else SMALL_M_CONFIG
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: bool, config: GemmConfig | None,
-            groups: int | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N]; with ``groups``, x [n, groups, K] -> [n, groups, N / groups] (block-diagonal)."""
+def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, fmt: str, config: GemmConfig | None,
+            groups: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``fmt`` "fp8" / "fp4" (stored codes with ``scale``) or "float" (no scale). x [..., K] -> [..., N]; with
+    ``groups``, x [n, groups, K] -> [n, groups, N / groups] (block-diagonal). Output in ``out_dtype`` or x's."""
+    fp4, float_w = fmt == "fp4", fmt == "float"
     g = groups or 1
     n = weight.shape[0] // g
     k = weight.shape[1] * (2 if fp4 else 1)
@@ -166,16 +172,19 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: boo
     if groups is not None and (x.dim() != 3 or groups < 1 or n * groups != weight.shape[0]):
         raise ValueError(f"grouped x must be [n, G, {k}] with G >= 1 equal row blocks of the weight "
                          f"{tuple(weight.shape)}; got x {tuple(x.shape)}")
-    out = empty((*x.shape[:-1], n), x.dtype, x.device)
+    out = empty((*x.shape[:-1], n), out_dtype or x.dtype, x.device)
     x2 = x.reshape(-1, g * k).contiguous()
     rows = x2.shape[0]
     if out.numel() == 0:
         return out
     if k == 0:
         return out.zero_()
-    scale_bytes = scale.dtype == torch.float8_e8m0fnu
-    scale = scale.view(torch.uint8) if scale_bytes else scale.float()
-    weight, scale = weight.view(torch.uint8).contiguous(), scale.contiguous()
+    if float_w:
+        weight, scale, scale_bytes = weight.contiguous(), weight, False
+    else:
+        scale_bytes = scale.dtype == torch.float8_e8m0fnu
+        scale = scale.view(torch.uint8) if scale_bytes else scale.float()
+        weight, scale = weight.view(torch.uint8).contiguous(), scale.contiguous()
     config = config or default_config(rows, x.dtype)
     bm = max(16, min(triton.next_power_of_2(rows), config.block_m))
     bn, bk = config.block_n, config.block_k
@@ -185,14 +194,16 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: boo
     splits = max(1, min(config.split_k or split_count(tiles, k_blocks, MIN_K_BLOCKS_PER_SPLIT), k_blocks))
     k_per_split = triton.cdiv(k_blocks, splits) * bk
     splits = triton.cdiv(k, k_per_split)
-    launch = dict(BM=bm, BN=bn, BK=bk, FP4=fp4, SCALE_ROWS=1 if fp4 else SCALE_BLOCK, SCALE_BYTES=scale_bytes,
-                  DOT_FP32=INTERPRETED or x.dtype == torch.float32, SPLIT=splits > 1)
+    # tensor cores take two operands of one 16-bit dtype; anything else is an exact fp32 (ieee) dot
+    dot_fp32 = INTERPRETED or x.dtype == torch.float32 or (float_w and weight.dtype != x.dtype)
+    launch = dict(BM=bm, BN=bn, BK=bk, FP4=fp4, FLOAT_W=float_w, SCALE_ROWS=1 if fp4 else SCALE_BLOCK,
+                  SCALE_BYTES=scale_bytes, DOT_FP32=dot_fp32, SPLIT=splits > 1)
     if not INTERPRETED:
         launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
     partials = torch.empty(splits, rows, g * n, dtype=torch.float32, device=x.device) if splits > 1 else out
     grid = (triton.cdiv(rows, bm), g * n_tiles, splits)
     _linear_kernel[grid](x2, weight, scale, out, partials, rows, n, k, k_per_split, n_tiles, g * k, weight.shape[1],
-                         scale.shape[1], g * n, **launch)
+                         0 if float_w else scale.shape[1], g * n, **launch)
     if splits > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(rows * g * n, block),)](partials, out, rows * g * n, SPLITS=splits,
@@ -203,16 +214,23 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, fp4: boo
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                config: GemmConfig | None = None) -> torch.Tensor:
     """x [..., in] @ W^T for W E4M3 [out, in] with E8M0 scales per 32x32 block [ceil(out/32), ceil(in/32)]."""
-    return _linear(x, weight, scale, fp4=False, config=config)
+    return _linear(x, weight, scale, "fp8", config)
 
 
 def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                config: GemmConfig | None = None) -> torch.Tensor:
     """x [..., in] @ W^T for W E2M1 packed two per int8 [out, in/2] with E8M0 scales per row per 32 [out, in/32]."""
-    return _linear(x, weight, scale, fp4=True, config=config)
+    return _linear(x, weight, scale, "fp4", config)
 
 
 def linear_fp8_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                        config: GemmConfig | None = None) -> torch.Tensor:
     """x [n, G, in] -> [n, G, out / G]: group g times rows [g out / G, (g + 1) out / G) of W E4M3 [out, in]."""
-    return _linear(x, weight, scale, fp4=False, config=config, groups=x.shape[1] if x.dim() == 3 else 0)
+    return _linear(x, weight, scale, "fp8", config, groups=x.shape[1] if x.dim() == 3 else 0)
+
+
+def linear_to_fp32(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig | None = None) -> torch.Tensor:
+    """x [..., in] @ W^T -> fp32 for float x and W [out, in], W read as stored (bf16 for the router and the head)."""
+    if not (x.dtype.is_floating_point and weight.dtype.is_floating_point) or weight.dtype.itemsize == 1:
+        raise ValueError(f"linear_to_fp32 takes float x and W; got {x.dtype} and {weight.dtype}")
+    return _linear(x, weight, None, "float", config, out_dtype=torch.float32)
