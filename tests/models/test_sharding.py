@@ -6,8 +6,10 @@ sharding is checked here, directly on the core model (tiny config, fp32)."""
 import pytest
 import torch
 
+from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41.kv_cache import SequenceChunk
-from deepinfer_plugins.models.deepseek_v41.sharding import shard_attention, shard_moe
+from deepinfer_plugins.models.deepseek_v41.linear import Linear
+from deepinfer_plugins.models.deepseek_v41.sharding import shard_attention, shard_linear, shard_moe
 
 from ..conftest import prompt
 
@@ -42,3 +44,42 @@ def test_uneven_splits_are_refused(tiny256):
         shard_attention(tiny256.layers[0].attn, 0, 3)
     with pytest.raises(ValueError, match="cannot be split"):
         shard_moe(tiny256.layers[0].ffn, 0, 3)
+
+
+def fp8_linear(out_features: int, in_features: int, seed: int) -> Linear:
+    linear = Linear(in_features, out_features, "fp8")
+    weight, scale = ops.quantize_fp8_weight(torch.randn(out_features, in_features,
+                                                        generator=torch.Generator().manual_seed(seed)))
+    linear.weight.data, linear.scale.data = weight, scale
+    return linear
+
+
+@pytest.mark.parametrize("rows,cols", [(slice(288, 576), slice(None)), (slice(None), slice(0, 288)),
+                                       (slice(1152, 2304), slice(None))])
+def test_block_aligned_shards_keep_fp8(rows, cols):
+    """The shared expert's 2304 rows over 8 and 2 ranks (288 / 1152 per rank), its 2304-wide w2 input by columns:
+    whole 32x32 scale blocks, so the shard keeps the FP8 codes and scales, and decodes to the dense slice exactly."""
+    linear = fp8_linear(2304, 320, 0) if cols == slice(None) else fp8_linear(320, 2304, 0)
+    shard = shard_linear(linear, rows, cols)
+    assert shard.fmt == "fp8" and shard.weight.dtype == torch.float8_e4m3fn
+    assert torch.equal(shard.dense_weight(torch.float32), linear.dense_weight(torch.float32)[rows, cols])
+    x = torch.randn(3, shard.in_features)
+    assert torch.equal(shard(x), x @ linear.dense_weight(torch.float32)[rows, cols].t())
+
+
+def test_unaligned_shards_and_a_ragged_last_block():
+    """A split inside a scale block is dequantised (exact for any split); a slice ending at a width that is not a
+    multiple of 32 still lies on whole blocks (the last one partial)."""
+    linear = fp8_linear(100, 64, 1)
+    inside = shard_linear(linear, slice(16, 48))
+    assert inside.fmt == "float"
+    assert torch.equal(inside.weight, linear.dense_weight(torch.float32)[16:48])
+    ragged = shard_linear(linear, slice(64, 100))
+    assert ragged.fmt == "fp8"
+    assert torch.equal(ragged.dense_weight(torch.float32), linear.dense_weight(torch.float32)[64:100])
+
+
+def test_tiny_attention_shards_keep_fp8_where_aligned(tiny256):
+    """Tiny config over 2 ranks: wq_b's 64 rows per rank are whole blocks (FP8 kept), wo_a's 8 rows are not."""
+    shard = shard_attention(tiny256.layers[0].attn, 1, 2)
+    assert shard.wq_b.fmt == "fp8" and shard.wo_a.fmt == "float"

@@ -7,10 +7,10 @@ caches are the same on every rank). MoE splits every expert's intermediate dimen
 ``w2`` columns); the router is replicated. Each rank's sublayer output is a partial sum: an all-reduce (sum)
 over ranks gives the unsharded output, which is what the mHC expand consumes.
 
-Routed experts keep their FP4 stacks when every split point falls on a 32-column scale block (true for the
-released 2304-wide experts split 2, 4 or 8 ways), so a shard reads 1/tp of the FP4 bytes; the other shards are
-built from dequantised weights, so any split is exact (attention and the shared expert still are: a deployment
-would keep their FP8 tensors, split on 32-column blocks, 1024-wide groups).
+Shards keep the stored formats when every split point falls on a scale block, so a rank reads 1/tp of the
+quantised bytes: the FP8 projections (32x32 blocks: V4.1's 512-row heads, 1024-row output groups and 2304-wide
+shared expert split 2, 4 or 8 ways) and the routed experts' FP4 stacks (32-column blocks). Other splits are built
+from dequantised weights, so any split is exact.
 """
 
 from __future__ import annotations
@@ -33,6 +33,28 @@ def _dense(linear: Linear, rows: slice = slice(None), cols: slice = slice(None))
     return shard
 
 
+def _on_blocks(part: range, size: int) -> bool:
+    return part.step == 1 and part.start % WEIGHT_BLOCK == 0 and (part.stop % WEIGHT_BLOCK == 0 or part.stop == size)
+
+
+def shard_linear(linear: Linear, rows: slice = slice(None), cols: slice = slice(None)) -> Linear:
+    """The rows / columns of a projection: FP8 codes with their scales as stored when the slice lies on whole
+    scale blocks, else ``_dense``. A kept dense copy (``keep_dense``) is kept for the shard too."""
+    out_rows, in_cols = range(linear.out_features)[rows], range(linear.in_features)[cols]
+    if linear.fmt != "fp8" or not (_on_blocks(out_rows, linear.out_features) and
+                                   _on_blocks(in_cols, linear.in_features)):
+        return _dense(linear, rows, cols)
+    shard = Linear(len(in_cols), len(out_rows), "fp8")
+    shard.weight = nn.Parameter(linear.weight[rows, cols].contiguous(), requires_grad=False)
+    scale_rows = slice(out_rows.start // WEIGHT_BLOCK, -(-out_rows.stop // WEIGHT_BLOCK))
+    scale_cols = slice(in_cols.start // WEIGHT_BLOCK, -(-in_cols.stop // WEIGHT_BLOCK))
+    shard.scale = nn.Parameter(linear.scale[scale_rows, scale_cols].contiguous(), requires_grad=False)
+    dense = getattr(linear, "dense", None)
+    if dense is not None:
+        shard.keep_dense(dense.dtype)
+    return shard
+
+
 def shard_attention(attn: Attention, rank: int, world: int) -> Attention:
     """Rank ``rank`` of ``world`` of an attention layer; its forward returns this rank's partial output."""
     if attn.o_groups % world:
@@ -46,9 +68,9 @@ def shard_attention(attn: Attention, rank: int, world: int) -> Attention:
     shard._modules = dict(attn._modules)
     shard._parameters = dict(attn._parameters)
     shard.n_heads, shard.o_groups = heads, groups
-    shard.wq_b = _dense(attn.wq_b, rows=head_rows)
-    shard.wo_a = _dense(attn.wo_a, rows=group_rows)
-    shard.wo_b = _dense(attn.wo_b, cols=group_rows)
+    shard.wq_b = shard_linear(attn.wq_b, rows=head_rows)
+    shard.wo_a = shard_linear(attn.wo_a, rows=group_rows)
+    shard.wo_b = shard_linear(attn.wo_b, cols=group_rows)
     shard.attn_sink = nn.Parameter(attn.attn_sink[rank * heads:(rank + 1) * heads].clone(), requires_grad=False)
     return shard
 
@@ -72,8 +94,8 @@ def _shard_expert(expert, rank: int, world: int):
     part = _expert_part(expert.w1.out_features, rank, world)
     shard = copy.copy(expert)
     shard._modules = dict(expert._modules)
-    shard.w1, shard.w3 = _dense(expert.w1, rows=part), _dense(expert.w3, rows=part)
-    shard.w2 = _dense(expert.w2, cols=part)
+    shard.w1, shard.w3 = shard_linear(expert.w1, rows=part), shard_linear(expert.w3, rows=part)
+    shard.w2 = shard_linear(expert.w2, cols=part)
     return shard
 
 
