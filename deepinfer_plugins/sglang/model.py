@@ -353,14 +353,15 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         starts = [c.row_start for c in chunks]
         # bounded_replay stays off: a later request may resume from any cached prefix (radix cache), which needs
         # every layer's window latent at every position.
-        logits = self.model.forward_chunks(input_ids, chunks)  # [rows, vocab] fp32
+        hidden = self.model.hidden_states(input_ids, chunks)  # [rows, d]
         for state, start, n in zip(states, starts, counts):
             state.advance(input_ids[start: start + n])
         mode = forward_batch.forward_mode
         if mode.is_extend() and not mode.is_target_verify():  # is_extend() includes TARGET_VERIFY
-            last = to_device(torch.tensor([s + n - 1 for s, n in zip(starts, counts)]), logits.device)
-            logits = logits[last]
-        return LogitsProcessorOutput(next_token_logits=logits)
+            # the head runs on the rows that are sampled only: a prefill chunk's logits of every row would be
+            # [rows, 129280] fp32 (4.2 GB at 8192 rows)
+            hidden = hidden[to_device(torch.tensor([s + n - 1 for s, n in zip(starts, counts)]), hidden.device)]
+        return LogitsProcessorOutput(next_token_logits=self.model.compute_logits(hidden))
 
 
 class DeepseekV41ForCausalLM(DeepInferDeepseekV41ForCausalLM):
