@@ -85,9 +85,11 @@ def apply_block_scale(w, s_rows, k0, n_mask, K, BN: tl.constexpr, BK: tl.constex
 def accumulate_dot(acc, x, w, DOT_FP32: tl.constexpr):
     """acc + x @ w^T for x [BM, BK], w [BN, BK]: exact fp32 products (ieee) for fp32 activations and in the
     interpreter, tensor cores in x's dtype otherwise."""
-    if DOT_FP32:
-        return acc + tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-    return acc + tl.dot(x, tl.trans(w))
+    if DOT_FP32:  # an else branch, not an early return: Triton compiles the statements after a return too
+        acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    else:
+        acc += tl.dot(x, tl.trans(w))
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
