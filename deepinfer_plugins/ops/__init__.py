@@ -55,7 +55,8 @@ from .indexer import indexer_scores_records, indexer_topk, indexer_topk_records
 
 __all__ += ["indexer_scores_records", "indexer_topk", "indexer_topk_records"]
 
-# Weight-quantised GEMMs (DeepGEMM / FlashInfer backends on CUDA).
+# GEMMs against weights as stored: quantised (DeepGEMM / FlashInfer backends on CUDA) and the fp32-output float
+# GEMM of the router and the head.
 from .gemm import linear_fp4, linear_fp8, linear_fp8_grouped, linear_to_fp32
 
 __all__ += ["linear_fp4", "linear_fp8", "linear_fp8_grouped", "linear_to_fp32"]

@@ -1,7 +1,8 @@
-"""GEMMs against the checkpoint's quantised weights: y = x @ W^T with W kept in its stored format.
+"""GEMMs against the checkpoint's weights: y = x @ W^T with W kept in its stored format (FP8 / FP4 codes, or the
+bf16 router and head, whose products V4.1 takes in fp32).
 
-The references are exactly the path ``Linear`` always took (dequantise W into x's dtype, then matmul), so CPU
-outputs do not change. Accelerator backends (DeepGEMM, FlashInfer) feed the stored weight straight into a
+The references are exactly the path the model always took (dequantise or up-cast W, then matmul), so CPU
+outputs do not change; the kernels read W as stored instead of making that copy on every call. Accelerator backends (DeepGEMM, FlashInfer) feed the stored weight straight into a
 block-scaled FP8 GEMM instead; their weight side is exact, but they quantise the activation to FP8 E4M3 with
 power-of-two per-token block scales on the way in. That activation rounding is the one difference from the
 reference a backend may introduce (``DEEPINFER_OP_BACKEND=linear_fp8=reference`` turns it off).
