@@ -27,9 +27,9 @@ from ..conftest import prompt
 MODEL_CODE = Path(deepinfer_plugins.__file__).parent / "models"
 CONVERSIONS = {"float", "to", "bfloat16", "half", "double", "type"}
 WEIGHT_DEQUANTISERS = {"dequant_fp8_weight", "dequant_fp4_weight"}
-# Left as they are, named so that no other site can join them: the ratio-1 compressor rounds its fp32 wkv weight to
-# the activation dtype per call ([512, 5120] at V4.1: 10 MB read, 5 MB written per layer and step), the rounding
-# being part of its math; a kernel that rounds in registers is not written.
+# Known copies, allowed by the model function that makes them (any other site fails): the ratio-1 compressor rounds
+# its fp32 wkv weight to the activation dtype per call ([512, 5120] at V4.1: 10 MB read, 5 MB written per layer and
+# step); the rounding is part of its math, and a kernel that rounds in registers is not written.
 KNOWN = {"token_entries"}
 
 
