@@ -233,9 +233,10 @@ def _launches() -> list[Launch]:
                 add(f"linear_fp4 {label}", gemm.linear_fp4, z(rows, in_features, dtype=bf16), w4, s4, config=config)
     # router and LM head (bf16 weights, fp32 logits), and an fp32-activation case as in the tests
     for out_features in (384, 129280):
+        weight = z(out_features, 5120, dtype=bf16)  # one 1.3 GB head for its four launches
         for rows in (1, 8, 64, 384):
             add(f"linear_to_fp32 V4.1 {out_features}x5120 M={rows}", gemm.linear_to_fp32, z(rows, 5120, dtype=bf16),
-                z(out_features, 5120, dtype=bf16))
+                weight)
     add("linear_to_fp32 fp32 x", gemm.linear_to_fp32, z(5, 160), z(384, 160, dtype=bf16))
     # wo_a: 8 groups of 1024 rows over 4096 columns (64 heads x 512 / 8)
     wo_a, wo_a_scale = z(8192, 4096, dtype=torch.float8_e4m3fn), z(256, 128, dtype=torch.float8_e8m0fnu)
