@@ -1,8 +1,9 @@
-"""References for fused ops that the V4.1 model runs as several steps: Engram gather + gate, CSA2 pooling,
-sparse attention straight from the quantised cache records, the mHC collapse followed by a sublayer's RMSNorm.
+"""References for ops that fuse several steps of the V4.1 model: Engram gather + gate, CSA2 pooling, sparse
+attention straight from the quantised cache records, the mHC collapse followed by a sublayer's RMSNorm.
 
-Each is the composition of the model's own steps (engram.py, attention.py ``Compressor``, the cache ops) written
-once, so a kernel that fuses them has one truth to match.
+The model (engram.py, attention.py ``Compressor``, norm.py) calls these ops instead of doing the steps itself, so
+each step's math is written once, here or in the ops it composes, and a kernel that fuses them has one truth to
+match.
 """
 
 from __future__ import annotations
