@@ -112,8 +112,6 @@ def test_weight_and_table_dequant(gen):
     assert_bits_equal(quant.dequant_fp4_weight(q4, s4, torch.float32), ops.dequant_fp4_weight.reference(q4, s4, torch.float32))
     table, scale = ops.quantize_fp8_rows(torch.randn(50, 64, generator=gen))
     ids = torch.randint(0, 50, (5, 6), generator=gen)
-    assert_bits_equal(quant.dequant_fp8_rows(table[ids], scale[ids], torch.bfloat16),
-                      ops.dequant_fp8_rows(table[ids], scale[ids], torch.bfloat16))
     assert_bits_equal(quant.engram_gather(table, scale, ids, torch.float32),
                       ops.engram_gather.reference(table, scale, ids, torch.float32))
     narrow, nscale = ops.quantize_fp8_rows(torch.randn(20, 8, generator=gen))  # width 8 < block 32

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 # op name -> triton_kernels module that defines a launcher of the same name
 OPS = {
     "fp8_block_quant": "quant", "fp8_fake_quant": "quant", "nvfp4_fake_quant": "quant", "mxfp4_fake_quant": "quant",
-    "dequant_fp8_weight": "quant", "dequant_fp4_weight": "quant", "dequant_fp8_rows": "quant",
+    "dequant_fp8_weight": "quant", "dequant_fp4_weight": "quant",
     "pack_cache_records": "quant", "unpack_cache_records": "quant", "cache_write": "quant", "cache_gather": "quant",
     "engram_gather": "quant",
     "sparse_attention": "attention", "sparse_attention_records": "attention",

@@ -235,15 +235,6 @@ def dequant_fp4_weight(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.d
                            scale.shape[1], 0, 1, block, True, dtype, packed.device)
 
 
-def dequant_fp8_rows(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, block: int = 32):
-    w = values.shape[-1]
-    scale2, kind = _scale_arg(scale.reshape(-1, scale.shape[-1]).contiguous())
-    data = values.reshape(-1, w).contiguous().view(torch.uint8)
-    out = _launch_dequant(data, scale2, kind, None, data.shape[0], w, w, scale2.shape[1], 0, 1, block, False, dtype,
-                          values.device)
-    return out.reshape(values.shape)
-
-
 def engram_gather(weight: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype):
     w = weight.shape[-1]
     scale2, kind = _scale_arg(scale.contiguous())
