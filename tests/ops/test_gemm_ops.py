@@ -138,11 +138,17 @@ def _pretend_cuda(monkeypatch, capability):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
 
 
-@pytest.mark.parametrize("capability, ops_registered", [((9, 0), {"linear_fp8"}),
-                                                       ((10, 0), {"linear_fp8", "linear_fp4", "moe_experts"}),
-                                                       ((8, 0), set())])
-def test_deepgemm_registers_per_architecture(monkeypatch, capability, ops_registered):
-    monkeypatch.setitem(sys.modules, "deep_gemm", FakeDeepGemm(capability[0]))
+@pytest.mark.parametrize("capability, ops_registered", [
+    ((9, 0), {"linear_fp8", "linear_fp8_grouped"}),
+    ((10, 0), {"linear_fp8", "linear_fp4", "moe_experts", "linear_fp8_grouped"}),
+    ((8, 0), set())])
+@pytest.mark.parametrize("has_einsum", [True, False])
+def test_deepgemm_registers_per_architecture(monkeypatch, capability, ops_registered, has_einsum):
+    fake = FakeDeepGemm(capability[0])
+    if not has_einsum:  # a DeepGEMM from before fp8_einsum
+        monkeypatch.delattr(FakeDeepGemm, "fp8_einsum")
+        ops_registered = ops_registered - {"linear_fp8_grouped"}
+    monkeypatch.setitem(sys.modules, "deep_gemm", fake)
     _pretend_cuda(monkeypatch, capability)
     recorder = _RecordingRegistry()
     deepgemm_backend.deepinfer_register_ops(recorder)
@@ -213,6 +219,27 @@ class FakeDeepGemm(types.ModuleType):
         b_deq = b_values * _expand(sfb, gran_n, gran_k, n, k)
         self.calls.append({"recipe": recipe, "a": a_deq, "b": b_deq, "b_data": b_data, "sfb": sfb})
         d.copy_((a_deq @ b_deq.t()).to(d.dtype))
+
+    def fp8_einsum(self, expr, a, b, d, c=None, recipe=(1, 128, 128)):
+        """``bhr,hdr->bhd``: per group h, d[:, h] = a[:, h] @ b[h]^T, a [B, H, R] and b [H, D, R] K-major E4M3 with
+        FP32 power-of-two scales [B, H, R / gran_k] and [H, ceil(D / gran_n), R / gran_k]."""
+        (a_data, sfa), (b_data, sfb) = a, b
+        assert expr == "bhr,hdr->bhd" and c is None
+        gran_m, gran_n, gran_k = recipe
+        assert gran_m == 1 and (recipe == (1, 128, 128) if self.arch == 9 else gran_k in (32, 128))
+        batch, heads, k = a_data.shape
+        heads_b, n, k_b = b_data.shape
+        assert heads_b == heads and k_b == k
+        assert a_data.dtype == b_data.dtype == torch.float8_e4m3fn and a_data.stride(-1) == b_data.stride(-1) == 1
+        for sf, shape in ((sfa, (batch, heads, -(-k // gran_k))), (sfb, (heads, -(-n // gran_n), -(-k // gran_k)))):
+            assert sf.dtype == torch.float32 and sf.shape == shape
+            mantissa, _ = torch.frexp(sf)
+            assert torch.all(mantissa == 0.5), "UE8M0 needs power-of-two scales"
+        assert d.shape == (batch, heads, n) and d.dtype in (torch.bfloat16, torch.float32) and d.stride(-1) == 1
+        a_deq = a_data.double() * sfa.double().repeat_interleave(gran_k, -1)[..., :k]
+        b_deq = b_data.double() * sfb.double().repeat_interleave(gran_n, 1).repeat_interleave(gran_k, 2)[:, :n, :k]
+        self.calls.append({"recipe": recipe, "a": a_deq, "b": b_deq, "b_data": b_data, "sfb": sfb})
+        d.copy_(torch.einsum("bhr,hdr->bhd", a_deq, b_deq).to(d.dtype))
 
     # grouped GEMMs: contiguous layout with PSUM offsets, weight scales pre-packed by the library
     alignment = 128
@@ -372,6 +399,61 @@ def test_deepgemm_declines_what_it_cannot_take_exactly(fake_deep_gemm, arch, fmt
     x = _x((3,), in_features, torch.bfloat16)
     wrapper = deepgemm_backend.linear_fp8 if fmt == "fp8" else deepgemm_backend.linear_fp4
     assert wrapper(x, weight, scale, arch=arch) is NotImplemented
+    assert not fake.calls
+
+
+def _grouped_case(groups, rows, in_features, tokens, dtype, seed=5):
+    weight, scale = _fp8_weight(groups * rows, in_features, seed=seed)
+    return _x((tokens, groups), in_features, dtype, seed=seed + 1), weight, scale
+
+
+def _grouped_expected(x, weight, scale, block):
+    dense = ops.dequant_fp8_weight(weight, scale, torch.float32).unflatten(0, (x.shape[1], -1))
+    return torch.einsum("ngi,goi->ngo", _activation_fake_quant(x, block), dense)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("groups, rows, tokens", [(8, 64, 3), (3, 32, 1), (2, 96, 17)])
+def test_deepgemm_sm100_grouped_fp8_is_one_einsum_over_the_stored_weight(fake_deep_gemm, dtype, groups, rows, tokens):
+    fake = fake_deep_gemm(10)
+    x, weight, scale = _grouped_case(groups, rows, 256, tokens, dtype)
+    y = deepgemm_backend.linear_fp8_grouped(x, weight, scale, arch=10)
+    (call,) = fake.calls
+    assert call["recipe"] == (1, 32, 32)
+    assert call["b_data"].data_ptr() == weight.data_ptr() and call["b_data"].shape == (groups, rows, 256)
+    assert torch.equal(call["sfb"], scale.float().view(groups, rows // 32, 8))
+    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32))
+    assert y.shape == (tokens, groups, rows) and y.dtype == dtype
+    assert _rel_err(y, _grouped_expected(x, weight, scale, 32)) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert _rel_err(y, ops.linear_fp8_grouped.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+
+
+def test_deepgemm_sm90_grouped_fp8_folds_scales_per_group(fake_deep_gemm):
+    fake = fake_deep_gemm(9)
+    x, weight, scale = _grouped_case(2, 128, 256, 4, torch.bfloat16)
+    tile = torch.full((8, 8), 2.0**-8)  # one scale per 128x128 tile, a different one per group: the fold is exact
+    tile[4:] = 2.0**-6
+    scale = tile.to(torch.float8_e8m0fnu)
+    y = deepgemm_backend.linear_fp8_grouped(x, weight, scale, arch=9)
+    (call,) = fake.calls
+    assert call["recipe"] == (1, 128, 128)
+    assert torch.equal(call["sfb"], torch.tensor([2.0**-8, 2.0**-6]).view(2, 1, 1).expand(2, 1, 2))
+    assert torch.equal(call["b"].flatten(0, 1), ops.dequant_fp8_weight(weight, scale, torch.float64))
+    assert _rel_err(y, _grouped_expected(x, weight, scale, 128)) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("arch, groups, rows, in_features, tokens", [
+    (10, 2, 40, 256, 3),  # a 32-row scale block straddles the two groups
+    (9, 2, 64, 256, 3),  # SM90 needs whole 128-row tiles per group
+    (10, 2, 64, 96, 3),  # in_features not a multiple of 128
+    (10, 2, 64, 256, 0),  # no tokens
+])
+def test_deepgemm_grouped_declines_what_it_cannot_take_exactly(fake_deep_gemm, arch, groups, rows, in_features,
+                                                              tokens):
+    fake = fake_deep_gemm(arch)
+    x, weight, scale = _grouped_case(groups, rows, in_features, tokens, torch.bfloat16)
+    assert deepgemm_backend.linear_fp8_grouped(x, weight, scale, arch=arch) is NotImplemented
+    assert deepgemm_backend.linear_fp8_grouped(x[:, 0], weight, scale, arch=arch) is NotImplemented  # not [n, G, in]
     assert not fake.calls
 
 

@@ -18,8 +18,10 @@ registry's next choice, is faster there on the H200), else picks mma where its s
 Shapes or devices a variant does not take (non-bf16 q, head dim > 512, a forced variant's rule or arch failing)
 are declined too and go to the Triton kernel. ``sparse_attention_records`` (the model's attention over its cache
 records) decodes the distinct keys of a batch once into a bf16 pool and runs the same kernels, under the same
-rules, when the batch's rows share their keys (see ``sparse_attention_records``). Other ops use Triton on CUDA
-tensors.
+rules, when the batch's rows share their keys (see ``sparse_attention_records``). ``linear_to_fp32`` (the router
+and the LM head) is cuBLAS with an fp32 output from bf16 / fp16 operands (``torch.mm``'s ``out_dtype``), which reads
+the weight as stored, as Triton's kernel does, from a library that has run at these shapes. Other ops use Triton on
+CUDA tensors.
 """
 
 from __future__ import annotations
@@ -146,6 +148,13 @@ def sparse_attention_records(q, window_cache, window_slots, compressed_cache, co
     return sparse_attention(q, pool, indices, sink, softmax_scale)
 
 
+def linear_to_fp32(x, weight):
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return NotImplemented  # cuBLAS's fp32 output takes 16-bit operands of one dtype only
+    rows = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+    return rows.reshape(*x.shape[:-1], weight.shape[0])
+
+
 @hookimpl
 def deepinfer_register_ops(registry) -> None:
     if registry.cuda_major("cuda") is None:
@@ -153,3 +162,4 @@ def deepinfer_register_ops(registry) -> None:
     registry.register_backend("cache_write", "cuda", cache_write)
     registry.register_backend("sparse_attention", "cuda", sparse_attention)
     registry.register_backend("sparse_attention_records", "cuda", sparse_attention_records)
+    registry.register_backend("linear_to_fp32", "cuda", linear_to_fp32)

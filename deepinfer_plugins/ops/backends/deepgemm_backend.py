@@ -17,6 +17,12 @@ Per architecture:
     the power of two between its scale and its tile's largest, which is exact exactly when every shifted E4M3
     value stays representable; a weight for which that fails is declined. Activations: E4M3 with one
     power-of-two scale per token per 128 columns. ``linear_fp4`` is not registered on SM90.
+``linear_fp8_grouped`` (wo_a: x [n, G, in] against G row blocks of one FP8 weight) is DeepGEMM's
+``fp8_einsum("bhr,hdr->bhd", (x, sfx), (W [G, out/G, in], sfw), d, recipe=...)``, a batched FP8 GEMM over the
+groups (``csrc/apis/einsum.hpp``), with the same weight scales per architecture as above: the checkpoint's
+[G, out/G/32, in/32] at (1, 32, 32) on SM100, the 128x128 fold on SM90. A group's rows must hold whole scale blocks
+(out/G a multiple of 32, or 128 on SM90); otherwise the call is declined. It registers only where the installed
+DeepGEMM has ``fp8_einsum``.
 A shape DeepGEMM cannot take exactly (in_features not a multiple of 128, no tokens) is declined (``NotImplemented``):
 the registry's next choice (FlashInfer, Triton's fused kernel, the reference) runs it.
 
@@ -121,6 +127,31 @@ def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, ar
     return _gemm(x, a, (weight.view(torch.int8), scale.float()), out_features, (1, 1, WEIGHT_BLOCK))
 
 
+def linear_fp8_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, arch: int) -> torch.Tensor:
+    if x.dim() != 3 or x.shape[1] < 1 or weight.shape[0] % x.shape[1]:
+        return NotImplemented
+    n, groups, in_features = x.shape
+    rows = weight.shape[0] // groups
+    block = WEIGHT_BLOCK if arch == 10 else SM90_BLOCK
+    if _declines(x, in_features) or weight.shape[1] != in_features or rows % block:
+        return NotImplemented  # a scale block straddling two groups has no per-group shape
+    if arch == 10:
+        b_data, b_scale = weight, scale.float()
+    else:
+        converted = requantize_to_128_blocks(weight, scale)
+        if converted is None:
+            return NotImplemented
+        b_data, b_scale = converted
+    a = _quantize_activation(x, block)
+    b = (b_data.view(groups, rows, in_features), b_scale.view(groups, rows // block, -1))
+    d = torch.empty(n, groups, rows, dtype=torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32,
+                    device=x.device)
+    import deep_gemm
+
+    deep_gemm.fp8_einsum("bhr,hdr->bhd", a, b, d, recipe=(1, block, block))
+    return d.to(x.dtype)
+
+
 _packed_scales: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
 
 
@@ -214,11 +245,13 @@ def deepinfer_register_ops(registry) -> None:
         registry.mark_unavailable("deepgemm", f"DeepGEMM GEMMs need SM90 or SM100, this device is SM{arch}x")
         return
     try:
-        import deep_gemm  # noqa: F401  (lazy: JIT-compiles with nvcc on first use)
+        import deep_gemm  # lazy: JIT-compiles with nvcc on first use
     except Exception as exc:  # a broken install must leave the reference in place, not break dispatch
         registry.mark_unavailable("deepgemm", f"cannot import deep_gemm ({type(exc).__name__}: {exc})")
         return
     registry.register_backend("linear_fp8", "deepgemm", functools.partial(linear_fp8, arch=arch))
+    if hasattr(deep_gemm, "fp8_einsum"):
+        registry.register_backend("linear_fp8_grouped", "deepgemm", functools.partial(linear_fp8_grouped, arch=arch))
     if arch == 10:
         registry.register_backend("linear_fp4", "deepgemm", functools.partial(linear_fp4, arch=arch))
         registry.register_backend("moe_experts", "deepgemm", functools.partial(moe_experts, arch=arch))

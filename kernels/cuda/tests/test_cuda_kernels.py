@@ -272,3 +272,30 @@ def test_records_attention_on_the_device(ext, monkeypatch, variant):
                                                 0.04)
     torch.cuda.synchronize()
     assert_attention_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_to_fp32_is_one_fp32_output_gemm_on_the_stored_weight(dtype):
+    """Shapes and dtypes through torch's own meta function of ``mm`` with ``out_dtype`` (the values need cuBLAS)."""
+    x, weight = torch.empty(2, 5, 96, dtype=dtype, device="meta"), torch.empty(70, 96, dtype=dtype, device="meta")
+    y = cuda_backend.linear_to_fp32(x, weight)
+    assert y.shape == (2, 5, 70) and y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                              (torch.bfloat16, torch.float16), (torch.float32, torch.float32)])
+def test_linear_to_fp32_declines_what_cublas_cannot_take(x_dtype, w_dtype):
+    x, weight = torch.zeros(3, 64, dtype=x_dtype), torch.zeros(8, 64, dtype=w_dtype)
+    assert cuda_backend.linear_to_fp32(x, weight) is NotImplemented
+
+
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_linear_to_fp32_matches_the_reference_on_the_device(rows):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 4096, generator=g).to(torch.bfloat16).cuda()
+    weight = (torch.randn(1000, 4096, generator=g) * 0.02).to(torch.bfloat16).cuda()
+    y = cuda_backend.linear_to_fp32(x, weight)
+    expected = ops.linear_to_fp32.reference(x, weight)  # bf16 products are exact in fp32: only the order differs
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4)
