@@ -146,22 +146,22 @@ class RollbackError(ValueError):
 
 
 class WindowRing:
-    """The latents of the last ``size`` positions of one layer: slot = position % size, -1 marks an empty slot.
+    """The latents of the last ``size`` positions of one layer: slot = position % size.
 
     ``rows`` uint8 [size, record bytes] hold the byte records of cache format ``fmt``, written by
-    ``ops.cache_write``."""
+    ``ops.cache_write``. Which position each slot holds (-1: none) is kept on the host, where every position
+    comes from, so that checking a read never waits for the device."""
 
     def __init__(self, rows: torch.Tensor, name: str, fmt: str):
         self.rows, self.size, self.name, self.fmt = rows, rows.shape[0], name, fmt
-        self.positions = torch.full((self.size,), -1, dtype=torch.long, device=rows.device)
+        self.positions = torch.full((self.size,), -1, dtype=torch.long)
 
     def slots(self, first: int, end: int) -> torch.Tensor:
-        """Slots of positions [first, end), checked to hold them."""
-        positions = torch.arange(first, end, device=self.positions.device)
-        slots = positions % self.size
-        if bool((self.positions[slots] != positions).any()):
+        """Slots of positions [first, end) on the rows' device, checked to hold them."""
+        positions = torch.arange(first, end)
+        if bool((self.positions[positions % self.size] != positions).any()):
             raise RuntimeError(f"{self.name}: window cache does not hold positions {first}..{end - 1}")
-        return slots
+        return torch.arange(first, end, device=self.rows.device) % self.size
 
     def read(self, first: int, end: int) -> torch.Tensor:
         """Records of positions [first, end) -> [end - first, record bytes]."""
@@ -170,11 +170,11 @@ class WindowRing:
     def write(self, latents: torch.Tensor, start_pos: int) -> None:
         """Store latents [n, dim] of positions start_pos.. as records; only the last ``size`` are kept."""
         keep = min(latents.shape[0], self.size)
-        positions = torch.arange(start_pos + latents.shape[0] - keep, start_pos + latents.shape[0],
-                                 device=latents.device)
-        slots = positions % self.size
-        ops.cache_write(self.rows, slots, latents[-keep:], self.fmt)
-        self.positions[slots] = positions
+        first, end = start_pos + latents.shape[0] - keep, start_pos + latents.shape[0]
+        ops.cache_write(self.rows, torch.arange(first, end, device=self.rows.device) % self.size, latents[-keep:],
+                        self.fmt)
+        positions = torch.arange(first, end)
+        self.positions[positions % self.size] = positions
 
     def rollback(self, num_tokens: int) -> None:
         """Forget positions >= num_tokens."""
