@@ -2,10 +2,11 @@
 bf16 router and head, whose products V4.1 takes in fp32).
 
 The references are exactly the path the model always took (dequantise or up-cast W, then matmul), so CPU
-outputs do not change; the kernels read W as stored instead of making that copy on every call. Accelerator backends (DeepGEMM, FlashInfer) feed the stored weight straight into a
-block-scaled FP8 GEMM instead; their weight side is exact, but they quantise the activation to FP8 E4M3 with
-power-of-two per-token block scales on the way in. That activation rounding is the one difference from the
-reference a backend may introduce (``DEEPINFER_OP_BACKEND=linear_fp8=reference`` turns it off).
+outputs do not change; the kernels read W as stored instead of making that copy on every call. Accelerator
+backends (DeepGEMM, FlashInfer) feed the stored weight straight into a block-scaled FP8 GEMM instead; their
+weight side is exact, but they quantise the activation to FP8 E4M3 with power-of-two per-token block scales on
+the way in. That activation rounding is the one difference from the reference a backend may introduce
+(``DEEPINFER_OP_BACKEND=linear_fp8=reference`` turns it off).
 """
 
 from __future__ import annotations

@@ -104,19 +104,23 @@ def _declines(x: torch.Tensor, in_features: int) -> bool:
     return in_features % SM90_BLOCK != 0 or x.numel() == 0
 
 
+def _fp8_weight_operand(weight: torch.Tensor, scale: torch.Tensor, arch: int):
+    """(scale block, (E4M3 weight, FP32 scales)) as DeepGEMM takes them on ``arch``: the checkpoint's 32x32 scales
+    on SM100, the exact 128x128 fold on SM90; None where that fold is not exact."""
+    if arch == 10:
+        return WEIGHT_BLOCK, (weight, scale.float())
+    converted = requantize_to_128_blocks(weight, scale)
+    return None if converted is None else (SM90_BLOCK, converted)
+
+
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, arch: int) -> torch.Tensor:
     out_features, in_features = weight.shape
-    if _declines(x, in_features):
+    operand = None if _declines(x, in_features) else _fp8_weight_operand(weight, scale, arch)
+    if operand is None:
         return NotImplemented
-    x2d = x.reshape(-1, in_features)
-    if arch == 10:
-        a = _quantize_activation(x2d, WEIGHT_BLOCK)
-        return _gemm(x, a, (weight, scale.float()), out_features, (1, WEIGHT_BLOCK, WEIGHT_BLOCK))
-    converted = requantize_to_128_blocks(weight, scale)
-    if converted is None:
-        return NotImplemented
-    a = _quantize_activation(x2d, SM90_BLOCK)
-    return _gemm(x, a, converted, out_features, (1, SM90_BLOCK, SM90_BLOCK))
+    block, b = operand
+    a = _quantize_activation(x.reshape(-1, in_features), block)
+    return _gemm(x, a, b, out_features, (1, block, block))
 
 
 def linear_fp4(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, *, arch: int) -> torch.Tensor:
@@ -135,19 +139,16 @@ def linear_fp8_grouped(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     block = WEIGHT_BLOCK if arch == 10 else SM90_BLOCK
     if _declines(x, in_features) or weight.shape[1] != in_features or rows % block:
         return NotImplemented  # a scale block straddling two groups has no per-group shape
-    if arch == 10:
-        b_data, b_scale = weight, scale.float()
-    else:
-        converted = requantize_to_128_blocks(weight, scale)
-        if converted is None:
-            return NotImplemented
-        b_data, b_scale = converted
+    operand = _fp8_weight_operand(weight, scale, arch)
+    if operand is None:
+        return NotImplemented
+    _, (b_data, b_scale) = operand
+    import deep_gemm
+
     a = _quantize_activation(x, block)
     b = (b_data.view(groups, rows, in_features), b_scale.view(groups, rows // block, -1))
     d = torch.empty(n, groups, rows, dtype=torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32,
                     device=x.device)
-    import deep_gemm
-
     deep_gemm.fp8_einsum("bhr,hdr->bhd", a, b, d, recipe=(1, block, block))
     return d.to(x.dtype)
 
