@@ -11,9 +11,10 @@ ENVIRONMENT = {
     "DEEPINFER_DSPARK_COST_TABLE": "unset (default): the vLLM DSpark proposer drafts num_speculative_tokens for "
                                    "every request; a JSON file {\"tokens\": [...], \"ms\": [...]} of verify-step "
                                    "costs switches it to plan_verify_lengths (Algorithm A).",
-    "DEEPINFER_KEEP_DENSE_WEIGHTS": "1 (default): the vLLM adapter dequantises FP8/FP4 weights once after loading "
-                                    "(fast CPU decode, dense-size memory); 0: dequantise per use (checkpoint-size "
-                                    "memory).",
+    "DEEPINFER_KEEP_DENSE_WEIGHTS": "unset (default): the vLLM adapter dequantises FP8/FP4 weights once after "
+                                    "loading on a CPU (fast CPU decode, dense-size memory) and keeps them as stored "
+                                    "on a GPU or NPU, whose GEMM backends read them directly; 1: always; 0: never "
+                                    "(dequantise per use, checkpoint-size memory).",
     "DEEPINFER_OP_BACKEND": "unset (default): pick op backends by device; 'triton' (any backend name) forces it "
                             "for every op; 'op=backend,...' forces per op (ops/registry.py).",
     "DEEPINFER_SGLANG_KEEP_UPSTREAM": "0 (default): our model serves 'DeepseekV41ForCausalLM' in SGLang; 1: keep "
@@ -36,8 +37,12 @@ def keep_upstream_sglang() -> bool:
     return _flag("DEEPINFER_SGLANG_KEEP_UPSTREAM")
 
 
-def keep_dense_weights() -> bool:
-    return _flag("DEEPINFER_KEEP_DENSE_WEIGHTS", default="1")
+def keep_dense_weights(on_cpu: bool) -> bool:
+    """Dense copies speed up a CPU; on an accelerator they would bypass the block-scaled GEMMs and need the dense
+    size of every weight (~1.1 TB for V4.1's FP4 experts)."""
+    if not os.environ.get("DEEPINFER_KEEP_DENSE_WEIGHTS", "").strip():
+        return on_cpu
+    return _flag("DEEPINFER_KEEP_DENSE_WEIGHTS")
 
 
 def dspark_cost_table_path() -> str | None:

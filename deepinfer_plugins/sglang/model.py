@@ -287,7 +287,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         if skipped:
             logger.info("deepinfer: skipped %d vision / drafter tensors not built into the SGLang model", skipped)
         self.model.load_state_dict(state, strict=True, assign=True)  # as loader.load_model does
-        self.model.to(device)
+        self.model.to(device).finish_loading()
         self._load_engram_token_map()
         return set(state)
 

@@ -155,6 +155,12 @@ class Compressor(nn.Module):
         """Ratio 1: one entry per token [n, head_dim], unrotated."""
         return self.norm(self.wkv(x))
 
+    def round_weight_once(self, dtype: torch.dtype) -> None:
+        """Ratio 1 multiplies x by its fp32 wkv rounded to the activation dtype: keep that rounded copy (5 MB at
+        V4.1) rather than rounding 10 MB per step. Ratio > 1 multiplies in fp32 and keeps nothing."""
+        if self.ratio == 1:
+            self.wkv.keep_dense(dtype)
+
     def forward(self, values: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Ratio > 1: the inputs of complete groups [groups * ratio, head_dim] (fp32) -> entries [groups,
         head_dim] in ``dtype``, unrotated."""

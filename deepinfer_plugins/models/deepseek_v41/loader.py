@@ -157,7 +157,7 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
     model = cls(args, dtype=dtype, param_dtype=param_dtype, **extra)  # parameters are uninitialised (torch.empty)
     state = load_state_dict_checked(path, model)
     model.load_state_dict(state, strict=True, assign=True)
-    model.to(device)
+    model.to(device).finish_loading()
     attach_engram_token_map(model, path)
     return model.eval()
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ... import ops
 from .args import ConfigError, ModelArgs
-from .attention import Attention, store_of
+from .attention import Attention, Compressor, store_of
 from .engram import Engram, EngramHasher
 from .kv_cache import SequenceCache, SequenceChunk
 from .linear import Linear
@@ -123,6 +123,14 @@ class DeepseekV41Model(nn.Module):
         """Final hidden states [rows, d] -> fp32 logits [rows, vocab] (the head runs in fp32)."""
         head = getattr(self.head, "dense", None)
         return ops.linear_to_fp32(hidden, head if head is not None else self.head.weight)
+
+    def finish_loading(self, keep_dense: bool = False) -> "DeepseekV41Model":
+        """Every loader calls this once the checkpoint's tensors are in place on their device (kept copies are
+        plain attributes, which ``Module.to`` does not move). ``keep_dense``: see ``keep_dense_weights``."""
+        for module in self.modules():
+            if isinstance(module, Compressor):
+                module.round_weight_once(self.dtype)
+        return self.keep_dense_weights() if keep_dense else self
 
     def keep_dense_weights(self) -> "DeepseekV41Model":
         """Dequantise every quantised projection once and keep the fp32 head: the CPU decode fast path.
