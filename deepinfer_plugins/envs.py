@@ -15,6 +15,14 @@ ENVIRONMENT = {
                                     "loading on a CPU (fast CPU decode, dense-size memory) and keeps them as stored "
                                     "on a GPU or NPU, whose GEMM backends read them directly; 1: always; 0: never "
                                     "(dequantise per use, checkpoint-size memory).",
+    "DEEPINFER_ASCEND_LIGHTNING_INDEXER": "0 (default): indexer top-k stays on the reference on an NPU; 1: map it onto "
+                                          "npu_lightning_indexer, whose tie order is undocumented "
+                                          "(ops/backends/ascend_backend.py).",
+    "DEEPINFER_ASCEND_MX_QUANT": "0 (default): FP8 / MXFP4 fake quantisation stays on the reference on an NPU; 1: "
+                                 "map it onto npu_dynamic_mx_quant, whose UE8M0 scale rounding is undocumented.",
+    "DEEPINFER_CUDA_ATTENTION": "unset (default): the CUDA sparse attention kernel is chosen by batch size; a variant "
+                                "name (ops/backends/cuda_backend.py FORCED_VARIANTS) forces it for every call it "
+                                "fits.",
     "DEEPINFER_OP_BACKEND": "unset (default): pick op backends by device; 'triton' (any backend name) forces it "
                             "for every op; 'op=backend,...' forces per op (ops/registry.py).",
     "DEEPINFER_SGLANG_KEEP_UPSTREAM": "0 (default): our model serves 'DeepseekV41ForCausalLM' in SGLang; 1: keep "
@@ -31,6 +39,22 @@ def _flag(name: str, default: str = "0") -> bool:
 
 def keep_upstream_v41() -> bool:
     return _flag("DEEPINFER_KEEP_UPSTREAM_V41")
+
+
+def op_backend() -> str:
+    return os.environ.get("DEEPINFER_OP_BACKEND", "").strip()
+
+
+def cuda_attention() -> str:
+    return os.environ.get("DEEPINFER_CUDA_ATTENTION", "").strip().lower()
+
+
+def ascend_lightning_indexer() -> bool:
+    return _flag("DEEPINFER_ASCEND_LIGHTNING_INDEXER")
+
+
+def ascend_mx_quant() -> bool:
+    return _flag("DEEPINFER_ASCEND_MX_QUANT")
 
 
 def keep_upstream_sglang() -> bool:

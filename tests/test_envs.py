@@ -1,3 +1,6 @@
+import re
+from pathlib import Path
+
 import pytest
 
 from deepinfer_plugins import envs
@@ -19,3 +22,13 @@ def test_keep_dense_weights_rejects_other_values(monkeypatch):
     monkeypatch.setenv("DEEPINFER_KEEP_DENSE_WEIGHTS", "maybe")
     with pytest.raises(ValueError, match="DEEPINFER_KEEP_DENSE_WEIGHTS"):
         envs.keep_dense_weights(on_cpu=True)
+
+
+NOT_VARIABLES = {"DEEPINFER_DSPARK", "DEEPINFER_V41"}  # SGLang's speculative algorithm, vLLM's attention backend
+
+
+def test_every_variable_the_package_reads_is_listed():
+    package = Path(envs.__file__).parent
+    named = {match for path in package.rglob("*.py") for match in re.findall(r"\bDEEPINFER_[A-Z0-9_]+\b",
+                                                                             path.read_text())}
+    assert named - NOT_VARIABLES <= set(envs.ENVIRONMENT), sorted(named - NOT_VARIABLES - set(envs.ENVIRONMENT))

@@ -16,12 +16,13 @@ comma list of ``op=backend`` pairs (``fp8_quant=triton,sinkhorn=reference``).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pluggy
 import torch
+
+from .. import envs
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class OpRegistry:
         manager.hook.deepinfer_register_ops(registry=self)
 
     def forced(self, name: str) -> str | None:
-        value = os.environ.get("DEEPINFER_OP_BACKEND", "").strip()
+        value = envs.op_backend()
         if not value:
             return None
         if "=" not in value:

@@ -50,10 +50,9 @@ where the op-plugin's own CPU golden was the only source, the line says so.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ... import envs
 from ..cache import cache_gather
 from ..registry import hookimpl
 
@@ -174,9 +173,9 @@ def deepinfer_register_ops(registry) -> None:
     registry.register_backend("sinkhorn", "ascend", sinkhorn)
     registry.register_backend("hc_coefficients", "ascend", hc_coefficients)
     registry.register_backend("hc_expand", "ascend", hc_expand)
-    if os.environ.get("DEEPINFER_ASCEND_LIGHTNING_INDEXER") == "1":
+    if envs.ascend_lightning_indexer():
         registry.register_backend("indexer_topk", "ascend", indexer_topk)
         registry.register_backend("indexer_topk_records", "ascend", indexer_topk_records)
-    if os.environ.get("DEEPINFER_ASCEND_MX_QUANT") == "1":
+    if envs.ascend_mx_quant():
         registry.register_backend("fp8_fake_quant", "ascend", fp8_fake_quant)
         registry.register_backend("mxfp4_fake_quant", "ascend", mxfp4_fake_quant)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from pathlib import Path
 
 import torch
 
+from ... import envs
 from ..cache import CACHE_FORMATS, cache_gather, record_bytes
 from ..fused import key_references, records_pool
 from ..registry import hookimpl
@@ -112,7 +112,7 @@ FORCED_VARIANTS = {
 
 
 def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
-    forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    forced = envs.cuda_attention()
     if forced:
         if forced not in FORCED_VARIANTS:
             raise ValueError(f"{ATTENTION_ENV}={forced!r}; expected one of {sorted(FORCED_VARIANTS)} or unset")
@@ -136,7 +136,7 @@ def sparse_attention_records(q, window_cache, window_slots, compressed_cache, co
     different sequences (a batch of decodes) read disjoint keys, so a pool would only add a decode pass: they go to
     Triton's records kernel, as do small batches. Counting the distinct keys costs one device sync. A forced
     ``DEEPINFER_CUDA_ATTENTION`` variant applies here too, and pools whatever the sharing."""
-    forced = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    forced = envs.cuda_attention()
     if (not forced and q.shape[0] < MMA_FROM_ROWS) or not _simt_fits(q):
         return NotImplemented
     references = key_references(window_cache, window_slots, compressed_slots)
