@@ -1,8 +1,9 @@
 """CUDA backend: our compiled kernels (kernels/cuda) for the ops where Triton cannot reach the roofline.
 
-Registers only when torch is a CUDA build with a visible GPU; the extension is JIT-built on first use from the
-repository's kernels/cuda/build.py (nvcc required). On any other machine it registers nothing and the registry
-logs one INFO line. CUDA kernels here: cache_write (fused quantise + pack + scatter, all three formats, into
+Registers only when torch is a CUDA build with a visible GPU; the extension is JIT-built on first use from
+kernels/cuda/build.py (shipped in the wheel, ``cuda_sources``), which needs nvcc. Without a GPU it registers nothing,
+without the sources or nvcc only the cuBLAS op, and the registry logs one INFO line; a failed build logs a warning
+and the kernels decline. CUDA kernels here: cache_write (fused quantise + pack + scatter, all three formats, into
 row-strided tables) and sparse_attention (bf16, head dim <= 512) in four variants, all callable directly for
 benchmarks:
   * ``sparse_attention_mma``     tensor cores (mma.sync m16n8k16), head dim a multiple of 16; the default.
@@ -47,23 +48,51 @@ MMA_FROM_ROWS = 32
 # registers: it pays only when keys are read by several rows. A guess until a device run times both.
 MIN_READS_PER_KEY = 4
 _ext = None
+_ext_failure: str | None = None
+
+
+def cuda_sources() -> Path | None:
+    """The kernels/cuda directory (build.py and csrc/): inside the package when installed from a wheel (setup.py
+    copies it to ``cuda_sources``), else the source checkout's for an editable install; None if neither exists."""
+    package = Path(__file__).resolve().parents[2]
+    for directory in (package / "cuda_sources", package.parent / "kernels" / "cuda"):
+        if (directory / "build.py").is_file():
+            return directory
+    return None
 
 
 def _extension():
-    global _ext
-    if _ext is None:
-        build = Path(__file__).resolve().parents[3] / "kernels" / "cuda" / "build.py"
-        spec = importlib.util.spec_from_file_location("deepinfer_cuda_build", build)
+    """The compiled kernels, JIT-built on first use (cached by torch across processes); None when the build failed,
+    so every kernel declines and Triton runs instead of the server stopping."""
+    global _ext, _ext_failure
+    if _ext is None and _ext_failure is None:
+        spec = importlib.util.spec_from_file_location("deepinfer_cuda_build", cuda_sources() / "build.py")
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _ext = module.load()
+        try:
+            spec.loader.exec_module(module)
+            _ext = module.load()
+        except Exception as exc:  # nvcc too old for an arch, a broken toolchain: log it, keep serving
+            _ext_failure = f"{type(exc).__name__}: {exc}"
+            logger.warning("deepinfer CUDA kernels failed to build (%s); their ops run on Triton", _ext_failure)
     return _ext
+
+
+def _toolchain_missing() -> str | None:
+    """Why the extension cannot be built here (no sources, no nvcc), checked without building it."""
+    if cuda_sources() is None:
+        return "the kernels/cuda sources are not installed"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return None if CUDA_HOME else "no CUDA toolkit (nvcc) found for the JIT build"
 
 
 def cache_write(cache, slots, x, fmt):
     if fmt not in CACHE_FORMATS or x.shape[-1] % 32:
         return NotImplemented
-    return _extension().cache_write(cache, slots.long(), x, _FMT_ID[fmt], record_bytes(fmt, x.shape[-1]))
+    ext = _extension()
+    if ext is None:
+        return NotImplemented
+    return ext.cache_write(cache, slots.long(), x, _FMT_ID[fmt], record_bytes(fmt, x.shape[-1]))
 
 
 def _simt_fits(q) -> bool:
@@ -82,24 +111,31 @@ def _tcgen05_fits(q) -> bool:
     return _simt_fits(q) and q.shape[-1] % 64 == 0 and torch.cuda.get_device_capability(q.device)[0] == 10
 
 
+def _run_attention(kernel, q, kv_pool, indices, sink, softmax_scale):
+    ext = _extension()
+    if ext is None:
+        return NotImplemented
+    return getattr(ext, kernel)(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+
+
 def sparse_attention_mma(q, kv_pool, indices, sink, softmax_scale):
     """Tensor-core kernel; needs bf16 q and a head dim that is a multiple of 16 and <= 512."""
-    return _extension().sparse_attention_mma(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+    return _run_attention("sparse_attention_mma", q, kv_pool, indices, sink, softmax_scale)
 
 
 def sparse_attention_simt(q, kv_pool, indices, sink, softmax_scale):
     """CUDA-core baseline; needs bf16 q and a head dim <= 512."""
-    return _extension().sparse_attention_simt(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+    return _run_attention("sparse_attention_simt", q, kv_pool, indices, sink, softmax_scale)
 
 
 def sparse_attention_wgmma(q, kv_pool, indices, sink, softmax_scale):
     """Hopper wgmma kernel (sm_90 only); needs bf16 q and a head dim that is a multiple of 64 and <= 512."""
-    return _extension().sparse_attention_wgmma(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+    return _run_attention("sparse_attention_wgmma", q, kv_pool, indices, sink, softmax_scale)
 
 
 def sparse_attention_tcgen05(q, kv_pool, indices, sink, softmax_scale):
     """SM100 / SM103 tcgen05 kernel; needs bf16 q and a head dim that is a multiple of 64 and <= 512."""
-    return _extension().sparse_attention_tcgen05(q, kv_pool.to(q.dtype), indices, sink, float(softmax_scale))
+    return _run_attention("sparse_attention_tcgen05", q, kv_pool, indices, sink, softmax_scale)
 
 
 # forced variant -> (shape / device rule, kernel)
@@ -137,7 +173,7 @@ def sparse_attention_records(q, window_cache, window_slots, compressed_cache, co
     Triton's records kernel, as do small batches. Counting the distinct keys costs one device sync. A forced
     ``DEEPINFER_CUDA_ATTENTION`` variant applies here too, and pools whatever the sharing."""
     forced = envs.cuda_attention()
-    if (not forced and q.shape[0] < MMA_FROM_ROWS) or not _simt_fits(q):
+    if (not forced and q.shape[0] < MMA_FROM_ROWS) or not _simt_fits(q) or _extension() is None:
         return NotImplemented
     references = key_references(window_cache, window_slots, compressed_slots)
     distinct, _, reads = references
@@ -159,7 +195,11 @@ def linear_to_fp32(x, weight):
 def deepinfer_register_ops(registry) -> None:
     if registry.cuda_major("cuda") is None:
         return
+    registry.register_backend("linear_to_fp32", "cuda", linear_to_fp32)
+    missing = _toolchain_missing()
+    if missing:
+        registry.mark_unavailable("cuda", f"{missing}; only linear_to_fp32 (cuBLAS) registered")
+        return
     registry.register_backend("cache_write", "cuda", cache_write)
     registry.register_backend("sparse_attention", "cuda", sparse_attention)
     registry.register_backend("sparse_attention_records", "cuda", sparse_attention_records)
-    registry.register_backend("linear_to_fp32", "cuda", linear_to_fp32)

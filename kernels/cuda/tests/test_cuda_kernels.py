@@ -13,6 +13,7 @@ set), so the first test pays one short compile.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -299,3 +300,62 @@ def test_linear_to_fp32_matches_the_reference_on_the_device(rows):
     expected = ops.linear_to_fp32.reference(x, weight)  # bf16 products are exact in fp32: only the order differs
     assert y.dtype == torch.float32
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4)
+
+
+# --- registration and a failed build (any machine) -------------------------------------------------------------
+
+class _Recorder:
+    """Records what the backend registers and refuses; its CUDA check says a GPU of ``major`` is there."""
+
+    def __init__(self, major):
+        self.major, self.registered, self.unavailable = major, set(), {}
+
+    def cuda_major(self, backend):
+        return self.major
+
+    def register_backend(self, op_name, backend, fn, automatic=True):
+        self.registered.add(op_name)
+
+    def mark_unavailable(self, backend, reason):
+        self.unavailable[backend] = reason
+
+
+EXTENSION_OPS = {"cache_write", "sparse_attention", "sparse_attention_records"}
+
+
+@pytest.mark.parametrize("sources, cuda_home, registered, reason", [
+    (True, "/usr/local/cuda", EXTENSION_OPS | {"linear_to_fp32"}, None),
+    (True, None, {"linear_to_fp32"}, "nvcc"),
+    (False, "/usr/local/cuda", {"linear_to_fp32"}, "sources"),
+])
+def test_registers_the_compiled_kernels_only_where_they_can_be_built(monkeypatch, tmp_path, sources, cuda_home,
+                                                                       registered, reason):
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setattr(cuda_backend, "cuda_sources", lambda: tmp_path if sources else None)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cuda_home)
+    recorder = _Recorder(major=9)
+    cuda_backend.deepinfer_register_ops(recorder)
+    assert recorder.registered == registered
+    assert (reason is None and not recorder.unavailable) or reason in recorder.unavailable["cuda"]
+
+
+def test_the_cuda_sources_are_found_in_the_checkout():
+    assert cuda_backend.cuda_sources() == Path(__file__).resolve().parents[1]
+
+
+def test_a_failed_build_declines_every_kernel_and_is_not_retried(monkeypatch, tmp_path, caplog):
+    (tmp_path / "build.py").write_text("def load():\n    raise RuntimeError('nvcc fatal: sm_103a')\n")
+    monkeypatch.setattr(cuda_backend, "cuda_sources", lambda: tmp_path)
+    monkeypatch.setattr(cuda_backend, "_ext", None)
+    monkeypatch.setattr(cuda_backend, "_ext_failure", None)
+    monkeypatch.delenv(cuda_backend.ATTENTION_ENV, raising=False)
+    q = torch.zeros(64, 2, 512, dtype=torch.bfloat16)
+    pool, indices = torch.zeros(4, 512, dtype=torch.bfloat16), torch.zeros(64, 3, dtype=torch.long)
+    with caplog.at_level("WARNING"):
+        assert cuda_backend.sparse_attention(q, pool, indices, torch.zeros(2), 0.1) is NotImplemented
+        assert cuda_backend.cache_write(torch.zeros(4, 528, dtype=torch.uint8), torch.zeros(1, dtype=torch.long),
+                                        torch.zeros(1, 512), "fp8_window") is NotImplemented
+        assert cuda_backend.sparse_attention_records(q, None, None, None, None, None, 0.1) is NotImplemented
+    assert len([record for record in caplog.records if "failed to build" in record.message]) == 1
+    assert "sm_103a" in cuda_backend._ext_failure
