@@ -18,8 +18,6 @@ ENVIRONMENT = {
     "DEEPINFER_ASCEND_LIGHTNING_INDEXER": "0 (default): indexer top-k stays on the reference on an NPU; 1: map it onto "
                                           "npu_lightning_indexer, whose tie order is undocumented "
                                           "(ops/backends/ascend_backend.py).",
-    "DEEPINFER_ASCEND_MX_QUANT": "0 (default): FP8 / MXFP4 fake quantisation stays on the reference on an NPU; 1: "
-                                 "map it onto npu_dynamic_mx_quant, whose UE8M0 scale rounding is undocumented.",
     "DEEPINFER_CUDA_ATTENTION": "unset (default): the CUDA sparse attention kernel is chosen by batch size; a variant "
                                 "name (ops/backends/cuda_backend.py FORCED_VARIANTS) forces it for every call it "
                                 "fits.",
@@ -51,10 +49,6 @@ def cuda_attention() -> str:
 
 def ascend_lightning_indexer() -> bool:
     return _flag("DEEPINFER_ASCEND_LIGHTNING_INDEXER")
-
-
-def ascend_mx_quant() -> bool:
-    return _flag("DEEPINFER_ASCEND_MX_QUANT")
 
 
 def keep_upstream_sglang() -> bool:

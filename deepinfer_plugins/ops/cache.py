@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .quant import FP4_MAX, FP8_MAX, _blocks, e2m1_code, e2m1_value, pow2_ceil
+from .quant import FP4_MAX, FP8_AMAX_FLOOR, FP8_MAX, _blocks, e2m1_code, e2m1_value, pow2_ceil
 from .registry import registry
 
 # format -> (quantisation block, element bits, scale kind)
@@ -67,7 +67,7 @@ def pack_cache_records(x: torch.Tensor, fmt: str) -> torch.Tensor:
     block, _, _ = _check_format(fmt)
     xb = _blocks(x, block)  # [T, nb, block] fp32
     if fmt == "fp8_window":
-        amax = xb.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4)
+        amax = xb.abs().amax(dim=-1, keepdim=True).clamp(min=FP8_AMAX_FLOOR)
         scale = pow2_ceil(amax / FP8_MAX)  # [T, nb, 1]
         codes = (xb / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
         scale_bytes = scale.squeeze(-1).to(torch.float8_e8m0fnu).view(torch.uint8)  # [T, nb]

@@ -17,6 +17,7 @@ import torch
 from .registry import registry
 
 FP8_MAX = 448.0
+FP8_AMAX_FLOOR = 1e-4  # a block's |x| max is raised to this before its scale is taken (an all-zero block too)
 FP4_MAX = 6.0
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
@@ -54,7 +55,7 @@ def e2m1_value(code: torch.Tensor) -> torch.Tensor:
 def fp8_block_quant(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] -> (e4m3 values [..., n], float32 power-of-two scales [..., n // block])."""
     xb = _blocks(x, block)
-    amax = xb.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4)
+    amax = xb.abs().amax(dim=-1, keepdim=True).clamp(min=FP8_AMAX_FLOOR)
     scale = pow2_ceil(amax / FP8_MAX)
     q = (xb / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.reshape(x.shape), scale.squeeze(-1)
@@ -116,7 +117,7 @@ def quantize_fp8_weight(weight: torch.Tensor, block: int = 32) -> tuple[torch.Te
     padded = torch.zeros(rows * block, cols * block, dtype=torch.float32)
     padded[:out_features, :in_features] = weight.float()
     tiles = padded.reshape(rows, block, cols, block)
-    amax = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-4)
+    amax = tiles.abs().amax(dim=(1, 3)).clamp(min=FP8_AMAX_FLOOR)
     scale = pow2_ceil(amax / FP8_MAX)  # [rows, cols]
     expanded = scale.repeat_interleave(block, 0).repeat_interleave(block, 1)[:out_features, :in_features]
     q = (weight.float() / expanded).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)

@@ -16,13 +16,9 @@ from deepinfer_plugins.ops.quant import quantize_fp4_weight, quantize_fp8_weight
 from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP, OpRegistry
 from integration_tests.host_reads import ModuleCalls
 
+from .gemm_tolerances import ACTIVATION_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL, rel_err
+
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-# The backends quantise activations to E4M3 (3 mantissa bits, round to nearest: relative error <= 2^-4 per
-# element); over a dot product of independent errors the output error is well under this relative norm.
-ACTIVATION_FP8_REL_TOL = 0.04
-# Against the same quantised activation, the only difference left is the output rounding of bf16 (2^-8) plus
-# fp32 summation order.
-OUTPUT_ROUNDING_REL_TOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 1e-5}
 
 
 def _fp8_weight(out_features, in_features, seed=0):
@@ -39,10 +35,6 @@ def _fp4_weight(out_features, in_features, seed=1):
 def _x(tokens, in_features, dtype, seed=2):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*tokens, in_features, generator=g).to(dtype)
-
-
-def _rel_err(y, ref):
-    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def _activation_fake_quant(x, block):
@@ -325,8 +317,8 @@ def test_deepgemm_sm100_fp8_passes_checkpoint_scales_at_block_32(fake_deep_gemm,
     assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32).reshape(-1, 256))
     assert y.shape == (2, 3, out_features) and y.dtype == dtype
     expected = _activation_fake_quant(x, 32) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
-    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
-    assert _rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+    assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -341,8 +333,8 @@ def test_deepgemm_sm100_fp4_passes_packed_weight_unchanged(fake_deep_gemm, dtype
     assert torch.equal(call["b"], ops.dequant_fp4_weight(weight, scale, torch.float64))
     assert y.shape == (5, 192) and y.dtype == dtype
     expected = _activation_fake_quant(x, 32) @ ops.dequant_fp4_weight(weight, scale, torch.float32).t()
-    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
-    assert _rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+    assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
 
 def test_deepgemm_sm90_fp8_requantises_to_128_blocks_exactly(fake_deep_gemm):
@@ -359,7 +351,7 @@ def test_deepgemm_sm90_fp8_requantises_to_128_blocks_exactly(fake_deep_gemm):
     assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))
     assert torch.equal(call["a"].float(), _activation_fake_quant(x, 128))
     expected = _activation_fake_quant(x, 128) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
-    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+    assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
 
 
 def test_requantize_to_128_blocks_is_exact_or_declines():
@@ -424,8 +416,8 @@ def test_deepgemm_sm100_grouped_fp8_is_one_einsum_over_the_stored_weight(fake_de
     assert torch.equal(call["sfb"], scale.float().view(groups, rows // 32, 8))
     assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32))
     assert y.shape == (tokens, groups, rows) and y.dtype == dtype
-    assert _rel_err(y, _grouped_expected(x, weight, scale, 32)) < OUTPUT_ROUNDING_REL_TOL[dtype]
-    assert _rel_err(y, ops.linear_fp8_grouped.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+    assert rel_err(y, _grouped_expected(x, weight, scale, 32)) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert rel_err(y, ops.linear_fp8_grouped.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
 
 def test_deepgemm_sm90_grouped_fp8_folds_scales_per_group(fake_deep_gemm):
@@ -439,7 +431,7 @@ def test_deepgemm_sm90_grouped_fp8_folds_scales_per_group(fake_deep_gemm):
     assert call["recipe"] == (1, 128, 128)
     assert torch.equal(call["sfb"], torch.tensor([2.0**-8, 2.0**-6]).view(2, 1, 1).expand(2, 1, 2))
     assert torch.equal(call["b"].flatten(0, 1), ops.dequant_fp8_weight(weight, scale, torch.float64))
-    assert _rel_err(y, _grouped_expected(x, weight, scale, 128)) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+    assert rel_err(y, _grouped_expected(x, weight, scale, 128)) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("arch, groups, rows, in_features, tokens", [
@@ -507,7 +499,7 @@ def test_deepgemm_moe_is_the_reference_with_e4m3_activations(fake_deep_gemm, tok
     assert fake.grouped_calls == 3 and y.dtype == torch.float32 and y.shape == (tokens, 256)
     emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, _fp8_activation_linear)
     torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
-    assert _rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
+    assert rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
 
 
 def test_deepgemm_moe_layout_fits_every_routing():
@@ -660,8 +652,8 @@ def test_flashinfer_fp8_expands_block_scales_to_rows_exactly(fake_flashinfer, dt
     assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32).reshape(-1, 256))
     assert y.shape == (2, 3, out_features) and y.dtype == dtype
     expected = _activation_fake_quant(x, 32) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
-    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
-    assert _rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+    assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
 
 def test_flashinfer_fp4_reencodes_to_e4m3_exactly(fake_flashinfer):
@@ -672,8 +664,8 @@ def test_flashinfer_fp4_reencodes_to_e4m3_exactly(fake_flashinfer):
     assert torch.equal(call["b"], ops.dequant_fp4_weight(weight, scale, torch.float64))
     expected = _activation_fake_quant(x, 32) @ ops.dequant_fp4_weight(weight, scale, torch.float32).t()
     assert y.shape == (9, 128) and y.dtype == torch.bfloat16
-    assert _rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
-    assert _rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
+    assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+    assert rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
 
 @pytest.mark.parametrize("fmt, out_features, in_features, dtype", [

@@ -43,9 +43,23 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     mapping above, under the same opt-in: the op takes float keys only (a batch of sequences decodes key_slots
     [B, N], -1 to zero keys that lie past every row's visible entries). A call the mapping would decline is
     declined before the decode.
-  * fp8_fake_quant / mxfp4_fake_quant -> npu_dynamic_mx_quant (block 32, round mode "rint"), opt-in with
-    DEEPINFER_ASCEND_MX_QUANT=1 because whether its UE8M0 rule is DeepGEMM's ceil (ours) or OCP's floor is not
-    documented; the result is dequantised with the returned scales.
+  * fp8_block_quant / fp8_fake_quant -> npu_dynamic_mx_quant(dst_type E4M3, block 32, round mode "rint",
+    scale_alg 1, max_low_bound = our amax floor). Documented: scale_alg 1 takes amax (raised to max_low_bound) /
+    448 and rounds its exponent up unless the mantissa is zero, i.e. our power-of-two ceiling, and divides by that
+    power of two before a round-to-nearest-even cast: the reference bit for bit. The scales come back as E8M0
+    exponent bytes [..., ceil(n/32 / 2), 2], zero-padded to an even count. mxfp4_fake_quant stays on the reference:
+    the FP4 rules (scale_alg 0 and 2) take floor(log2 amax) - 2 or a mantissa-dependent ceiling, not ours.
+  * linear_fp8 / linear_fp8_grouped -> npu_grouped_matmul, MX full quantisation (MxA8W8, formula 5 of its page):
+    activations by the fp8_block_quant mapping above (E4M3 per token per 32 columns, as DeepGEMM's SM100 path),
+    the weight as stored ([G, out/G, in] E4M3 passed transposed, as the page's MXFP8 example), its 32x32 block
+    scales repeated to one per row and 32 columns ((G, N, K/64, 2) E8M0 bytes, transposed with the weight),
+    group_type 0 (M split) with equal group sizes (group_list_type 1), split_item 2, output in x's dtype. linear_fp8
+    is the one-group case, wo_a's grouped projection G groups of its tokens. in_features must be a multiple of 64
+    (the scale pairs). The row scales are rebuilt per call (1/32 of the weight's bytes).
+  * linear_fp4 and moe_experts (FP4 experts) stay on the reference: the page's MX modes with FP4 weights (bf16 or
+    E4M3 x) take the weight in FRACTAL_NZ after an ``npu_format_cast`` preprocessing (every example does it), a
+    load-time conversion not built here, and the nibble order of the packed weight is shown only in an aclnn
+    example. linear_to_fp32 stays on the reference: torch_npu registers no ``mm`` with an ``out_dtype``.
 """
 
 from __future__ import annotations
@@ -54,9 +68,12 @@ import torch
 
 from ... import envs
 from ..cache import cache_gather
+from ..quant import FP8_AMAX_FLOOR
 from ..registry import hookimpl
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+MX_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MX_BLOCK = 32
 MHC_STREAMS = (4, 6, 8)
 PAGE_ROWS = 128  # key rows per PA_BSND block: a multiple of 16, at most 1024
 
@@ -147,21 +164,79 @@ def indexer_topk_records(q, head_weights, key_records, key_slots, visible, k, ca
     return _lightning_select(q, head_weights, keys, visible, k, query_counts or [q.shape[0]])
 
 
-def _mx_fake_quant(x, block, dst_type):
-    npu = _npu()
-    if block != 32 or x.shape[-1] % 32:
-        raise ValueError(f"npu_dynamic_mx_quant needs block 32 and a width divisible by 32; got {block}, {x.shape[-1]}")
-    q, scale = npu.npu_dynamic_mx_quant(x.contiguous(), axis=-1, round_mode="rint", dst_type=dst_type, block_size=32)
-    values = q.float().unflatten(-1, (-1, 32))  # [..., n/32, 32]
-    return (values * scale.float().unsqueeze(-1)).flatten(-2).to(x.dtype)
+def _e8m0_values(mxscale: torch.Tensor, blocks: int) -> torch.Tensor:
+    """MX scales as the NPU ops carry them (E8M0 exponent bytes [..., ceil(blocks / 2), 2], zero-padded to an even
+    count) -> fp32 powers of two [..., blocks]."""
+    return mxscale.view(torch.uint8).flatten(-2)[..., :blocks].view(torch.float8_e8m0fnu).float()
+
+
+def _mx_quant_fits(x: torch.Tensor, block: int, multiple: int = MX_BLOCK) -> bool:
+    width = x.shape[-1]
+    return block == MX_BLOCK and x.dtype in MX_INPUT_DTYPES and width > 0 and width % multiple == 0
+
+
+def _fp8_mx_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 values and their scales in the NPU's MX layout, by our rule: scale_alg 1 takes the scale as
+    amax / 448 rounded up to a power of two, after raising amax to max_low_bound (the reference's floor)."""
+    return _npu().npu_dynamic_mx_quant(x, axis=-1, round_mode="rint", dst_type=torch.float8_e4m3fn,
+                                       block_size=MX_BLOCK, scale_alg=1, max_low_bound=FP8_AMAX_FLOOR)
+
+
+def fp8_block_quant(x, block=32):
+    if not _mx_quant_fits(x, block):
+        return NotImplemented
+    values, mxscale = _fp8_mx_quant(x)
+    return values, _e8m0_values(mxscale, x.shape[-1] // MX_BLOCK)
 
 
 def fp8_fake_quant(x, block=32):
-    return _mx_fake_quant(x, block, torch.float8_e4m3fn)
+    quantised = fp8_block_quant(x, block)
+    if quantised is NotImplemented:
+        return NotImplemented
+    values, scale = quantised
+    return (values.float().unflatten(-1, (-1, MX_BLOCK)) * scale.unsqueeze(-1)).flatten(-2).to(x.dtype)
 
 
-def mxfp4_fake_quant(x, block=32):
-    return _mx_fake_quant(x, block, torch.float4_e2m1fn_x2)
+def _row_scales(scale: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The checkpoint's 32x32 block scales [ceil(out / 32), in / 32] as one scale per row and 32 columns, the
+    MX weight layout (exact: a block's rows share its scale). 1/32 of the weight's bytes, rebuilt per call."""
+    return scale.view(torch.uint8).repeat_interleave(MX_BLOCK, dim=0)[:out_features]
+
+
+def _mx_grouped_fp8(x_rows: torch.Tensor, groups: int, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x_rows [groups * m, in], rows of group g the g-th m; weight E4M3 [out, in] whose g-th of ``groups`` row
+    blocks group g multiplies -> [groups * m, out / groups] in x's dtype, as one MxA8W8 npu_grouped_matmul (M split,
+    equal group sizes)."""
+    npu = _npu()
+    out_features, in_features = weight.shape
+    rows = out_features // groups
+    values, token_scale = _fp8_mx_quant(x_rows)
+    weight_scale = _row_scales(scale, out_features).view(groups, rows, in_features // (2 * MX_BLOCK), 2)
+    sizes = torch.full((groups,), x_rows.shape[0] // groups, dtype=torch.int64, device=x_rows.device)
+    (y,) = npu.npu_grouped_matmul(
+        [values], [weight.view(groups, rows, in_features).transpose(1, 2)], scale=[weight_scale.transpose(1, 2)],
+        per_token_scale=[token_scale], group_list=sizes, group_list_type=1, group_type=0, split_item=2,
+        output_dtype=x_rows.dtype, scale_dtype=npu.float8_e8m0fnu, per_token_scale_dtype=npu.float8_e8m0fnu)
+    return y
+
+
+def _mx_linear_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float8_e4m3fn and x.numel() > 0 and _mx_quant_fits(x, MX_BLOCK, 2 * MX_BLOCK)
+
+
+def linear_fp8(x, weight, scale):
+    if not _mx_linear_fits(x, weight):
+        return NotImplemented
+    y = _mx_grouped_fp8(x.reshape(-1, x.shape[-1]), 1, weight, scale)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_fp8_grouped(x, weight, scale):
+    if x.dim() != 3 or weight.shape[0] % x.shape[1] or not _mx_linear_fits(x, weight):
+        return NotImplemented
+    tokens, groups, width = x.shape
+    y = _mx_grouped_fp8(x.transpose(0, 1).reshape(groups * tokens, width), groups, weight, scale)
+    return y.view(groups, tokens, -1).transpose(0, 1).contiguous()
 
 
 @hookimpl
@@ -176,6 +251,7 @@ def deepinfer_register_ops(registry) -> None:
     if envs.ascend_lightning_indexer():
         registry.register_backend("indexer_topk", "ascend", indexer_topk)
         registry.register_backend("indexer_topk_records", "ascend", indexer_topk_records)
-    if envs.ascend_mx_quant():
-        registry.register_backend("fp8_fake_quant", "ascend", fp8_fake_quant)
-        registry.register_backend("mxfp4_fake_quant", "ascend", mxfp4_fake_quant)
+    registry.register_backend("fp8_block_quant", "ascend", fp8_block_quant)
+    registry.register_backend("fp8_fake_quant", "ascend", fp8_fake_quant)
+    registry.register_backend("linear_fp8", "ascend", linear_fp8)
+    registry.register_backend("linear_fp8_grouped", "ascend", linear_fp8_grouped)

@@ -9,6 +9,8 @@ dequantisation). Where a fact is not documented (the lightning indexer's tie rul
 fake states the assumption and the tests show which results depend on it.
 """
 
+import math
+import os
 import sys
 import types
 
@@ -17,6 +19,8 @@ import torch
 
 from deepinfer_plugins import ops
 from deepinfer_plugins.ops.backends import ascend_backend
+from deepinfer_plugins.ops.quant import quantize_fp8_weight
+from tests.ops.gemm_tolerances import ACTIVATION_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL, rel_err
 
 
 class FakeNpu(types.ModuleType):
@@ -25,6 +29,7 @@ class FakeNpu(types.ModuleType):
         self.calls = []
         self.unused_slot = -1  # what the lightning indexer leaves in slots past the visible entries
         self.shuffle_output = False  # whether it returns its ids in some order other than by score
+        self.float8_e8m0fnu = object()  # torch_npu's own dtype name for E8M0 bytes
 
     def npu_sparse_flash_attention(self, query, key, value, *, sparse_indices, scale_value, sparse_block_size,
                                    layout_query, layout_kv, return_softmax_lse):
@@ -94,15 +99,53 @@ class FakeNpu(types.ModuleType):
             out[b, 0, 0, :order.numel()] = order.to(torch.int32)
         return out, torch.empty(0)
 
-    def npu_dynamic_mx_quant(self, x, *, axis, round_mode, dst_type, block_size):
-        self.calls.append(("npu_dynamic_mx_quant", x.shape, axis, round_mode, dst_type, block_size))
-        xb = x.float().unflatten(-1, (-1, block_size))
-        if dst_type == torch.float8_e4m3fn:
-            q, scale = ops.fp8_block_quant.reference(x, block_size)
-            return q, scale
-        fq = ops.mxfp4_fake_quant.reference(x, block_size).float().unflatten(-1, (-1, block_size))
-        scale = ops.quant.pow2_ceil(xb.abs().amax(-1).clamp(min=6 * 2.0**-126) / 6)
-        return (fq / scale[..., None]).flatten(-2), scale
+    def npu_dynamic_mx_quant(self, x, *, axis, round_mode, dst_type, block_size, scale_alg=0, dst_type_max=0.0,
+                             max_low_bound=0.0):
+        """The page's scale_alg 1 (FP8 targets): S = max(amax, max_low_bound) / 448, its exponent rounded up
+        unless the mantissa is zero, values cast (rint) after multiplying by 1 / 2^E; scales as exponent bytes
+        [..., ceil(blocks / 2), 2], zero-padded."""
+        self.calls.append(("npu_dynamic_mx_quant", x.shape, x.dtype, axis, round_mode, dst_type, block_size,
+                           scale_alg, max_low_bound))
+        assert scale_alg == 1 and dst_type == torch.float8_e4m3fn and round_mode == "rint" and axis == -1
+        assert max_low_bound > 0 and x.shape[-1] % block_size == 0
+        blocks = x.float().unflatten(-1, (-1, block_size))
+        s = blocks.abs().amax(-1).clamp(min=max_low_bound) / 448.0
+        mantissa, exponent = torch.frexp(s)  # s = mantissa * 2^exponent, mantissa in [0.5, 1)
+        unbiased = exponent - 1 + (mantissa > 0.5).to(exponent.dtype)
+        values = (blocks * torch.ldexp(torch.ones_like(s), -unbiased)[..., None]).to(torch.float8_e4m3fn)
+        count = s.shape[-1]
+        codes = torch.zeros(*s.shape[:-1], count + count % 2, dtype=torch.uint8)
+        codes[..., :count] = (unbiased + 127).to(torch.uint8)
+        return values.flatten(-2), codes.unflatten(-1, (-1, 2))
+
+    def npu_grouped_matmul(self, x, weight, *, scale, per_token_scale, group_list, group_list_type, group_type,
+                           split_item, output_dtype, scale_dtype, per_token_scale_dtype):
+        """MX full quantisation (formula 5, gsm 1, gsn 1, gsk 32) with the page's MXFP8 layouts: x [M, K], weight
+        [E, K, N] a transposed view of [E, N, K], scale (E, K/64, N, 2) a transposed view of (E, N, K/64, 2),
+        per_token_scale (M, K/64, 2), group sizes per group (group_list_type 1), one output [M, N]."""
+        (x,), (weight,), (scale,), (token_scale,) = x, weight, scale, per_token_scale
+        self.calls.append(dict(x=(x.shape, x.dtype), weight=(weight.shape, weight.dtype, weight.stride()),
+                               scale=(scale.shape, scale.dtype, scale.stride()), token_scale=token_scale.shape,
+                               group_list=group_list.tolist(), output_dtype=output_dtype))
+        assert x.dtype == weight.dtype == torch.float8_e4m3fn and x.dim() == 2 and x.is_contiguous()
+        (groups, k, n), m = weight.shape, x.shape[0]
+        assert weight.transpose(1, 2).is_contiguous() and k == x.shape[1]
+        assert scale.shape == (groups, k // 64, n, 2) and scale.transpose(1, 2).is_contiguous()
+        assert token_scale.shape == (m, k // 64, 2) and scale.dtype == token_scale.dtype == torch.uint8
+        assert scale_dtype is per_token_scale_dtype is self.float8_e8m0fnu
+        assert group_list.dtype == torch.int64 and group_list.shape == (groups,) and group_list_type == 1
+        assert group_type == 0 and split_item in (2, 3) and output_dtype in (torch.bfloat16, torch.float16,
+                                                                               torch.float32)
+        decode = lambda codes: torch.pow(2.0, codes.double() - 127)  # noqa: E731
+        x_scale = decode(token_scale.flatten(-2)).repeat_interleave(32, -1)  # [M, K]
+        w_scale = decode(scale.transpose(1, 2).flatten(-2)).repeat_interleave(32, -1)  # [E, N, K]
+        out, start = torch.empty(m, n, dtype=torch.float64), 0
+        for group, size in enumerate(group_list.tolist()):
+            rows = slice(start, start + size)
+            out[rows] = (x[rows].double() * x_scale[rows]) @ (weight[group].double().t() * w_scale[group]).t()
+            start += size
+        assert start == m
+        return [out.to(output_dtype)]
 
 
 @pytest.fixture
@@ -309,12 +352,73 @@ def test_indexer_topk_records_outside_the_op_limits_is_declined(npu, heads, n, k
     assert npu.calls == []
 
 
-@pytest.mark.parametrize("name,dst", [("fp8_fake_quant", torch.float8_e4m3fn), ("mxfp4_fake_quant", torch.float4_e2m1fn_x2)])
-def test_mx_quant_call_and_dequant(npu, name, dst):
-    x = torch.randn(4, 64).bfloat16()
-    out = getattr(ascend_backend, name)(x)
-    assert npu.calls[-1] == ("npu_dynamic_mx_quant", (4, 64), -1, "rint", dst, 32)
-    assert torch.equal(out, getattr(ops, name).reference(x))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("width", [32, 96, 512])
+def test_fp8_quant_is_the_reference_bit_for_bit(npu, dtype, width):
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    x = (torch.randn(6, width, generator=g) * torch.logspace(-6, 4, 6)[:, None]).to(dtype)
+    x[0, :32] = 0  # an all-zero block takes the floor's scale
+    values, scale = ascend_backend.fp8_block_quant(x)
+    want_values, want_scale = ops.fp8_block_quant.reference(x)
+    assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8)) and torch.equal(scale, want_scale)
+    assert torch.equal(ascend_backend.fp8_fake_quant(x), ops.fp8_fake_quant.reference(x))
+    assert npu.calls[-1][-2:] == (1, ops.quant.FP8_AMAX_FLOOR)
+
+
+@pytest.mark.parametrize("x, block", [(torch.randn(4, 64), 16), (torch.randn(4, 48), 32), (torch.randn(4, 0), 32),
+                                      (torch.randn(4, 16), 32), (torch.ones(4, 64, dtype=torch.float64), 32)])
+def test_fp8_quant_outside_the_op_limits_is_declined(npu, x, block):
+    assert ascend_backend.fp8_block_quant(x, block) is NotImplemented
+    assert ascend_backend.fp8_fake_quant(x, block) is NotImplemented
+    assert npu.calls == []
+
+
+def _mx_linear_expectations(x, weight, scale):
+    """(the reference, the same product with the activation as the NPU quantises it): the weight side is exact,
+    so the second differs from the backend only by output rounding."""
+    dense = ops.dequant_fp8_weight(weight, scale, torch.float64)
+    return ops.linear_fp8.reference(x, weight, scale), ops.fp8_fake_quant.reference(x.double()) @ dense.t()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("lead, out_features, in_features", [((3,), 96, 128), ((2, 5), 80, 192), ((1,), 40, 64)])
+def test_linear_fp8_is_one_mx_grouped_matmul_on_the_stored_weight(npu, dtype, lead, out_features, in_features):
+    g = torch.Generator().manual_seed(7)
+    weight, scale = quantize_fp8_weight(torch.randn(out_features, in_features, generator=g))
+    x = torch.randn(*lead, in_features, generator=g).to(dtype)
+    y = ascend_backend.linear_fp8(x, weight, scale)
+    reference, same_quantised = _mx_linear_expectations(x, weight, scale)
+    assert y.shape == reference.shape and y.dtype == dtype
+    assert rel_err(y, same_quantised) <= OUTPUT_ROUNDING_REL_TOL[dtype]
+    assert rel_err(y, reference) <= ACTIVATION_FP8_REL_TOL
+    call = npu.calls[-1]
+    assert call["weight"][0] == (1, in_features, out_features) and call["group_list"] == [math.prod(lead)]
+
+
+@pytest.mark.parametrize("tokens, groups, rows, in_features", [(1, 8, 64, 128), (5, 3, 40, 64), (17, 2, 32, 192)])
+def test_linear_fp8_grouped_is_the_block_diagonal_product(npu, tokens, groups, rows, in_features):
+    g = torch.Generator().manual_seed(tokens)
+    weight, scale = quantize_fp8_weight(torch.randn(groups * rows, in_features, generator=g))
+    x = torch.randn(tokens, groups, in_features, generator=g).bfloat16()
+    y = ascend_backend.linear_fp8_grouped(x, weight, scale)
+    reference = ops.linear_fp8_grouped.reference(x, weight, scale)
+    dense = ops.dequant_fp8_weight(weight, scale, torch.float64).unflatten(0, (groups, rows))
+    same_quantised = torch.einsum("ngi,goi->ngo", ops.fp8_fake_quant.reference(x.double()), dense)
+    assert y.shape == reference.shape == (tokens, groups, rows) and y.is_contiguous()
+    assert rel_err(y, same_quantised) <= OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
+    assert rel_err(y, reference) <= ACTIVATION_FP8_REL_TOL
+    assert npu.calls[-1]["group_list"] == [tokens] * groups
+
+
+@pytest.mark.parametrize("x, weight_dtype", [(torch.randn(3, 96), torch.float8_e4m3fn),  # in not a multiple of 64
+                                             (torch.randn(0, 128), torch.float8_e4m3fn),  # no tokens
+                                             (torch.randn(3, 128), torch.bfloat16)])
+def test_linear_fp8_outside_the_op_limits_is_declined(npu, x, weight_dtype):
+    weight, scale = torch.zeros(64, x.shape[-1], dtype=weight_dtype), torch.zeros(2, x.shape[-1] // 32)
+    assert ascend_backend.linear_fp8(x, weight, scale) is NotImplemented
+    assert ascend_backend.linear_fp8_grouped(x.unsqueeze(1).expand(-1, 2, -1), weight, scale) is NotImplemented
+    assert ascend_backend.linear_fp8_grouped(x, weight, scale) is NotImplemented  # not [n, G, in]
+    assert npu.calls == []
 
 
 class RecordingRegistry:
@@ -331,17 +435,16 @@ class RecordingRegistry:
 @pytest.mark.parametrize("env,opt_in", [
     ({}, set()),
     ({"DEEPINFER_ASCEND_LIGHTNING_INDEXER": "1"}, {"indexer_topk", "indexer_topk_records"}),
-    ({"DEEPINFER_ASCEND_MX_QUANT": "1"}, {"fp8_fake_quant", "mxfp4_fake_quant"}),
 ])
 def test_registers_the_documented_mappings_and_opt_ins(monkeypatch, env, opt_in):
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(), raising=False)
-    for name in ("DEEPINFER_ASCEND_LIGHTNING_INDEXER", "DEEPINFER_ASCEND_MX_QUANT"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("DEEPINFER_ASCEND_LIGHTNING_INDEXER", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     registry = RecordingRegistry()
     ascend_backend.deepinfer_register_ops(registry)
-    default = {"sparse_attention", "sinkhorn", "hc_coefficients", "hc_expand"}
+    default = {"sparse_attention", "sinkhorn", "hc_coefficients", "hc_expand", "fp8_block_quant", "fp8_fake_quant",
+               "linear_fp8", "linear_fp8_grouped"}
     assert set(registry.registered) == default | opt_in
     assert all(backend == "ascend" and fn is getattr(ascend_backend, name)
                for name, (backend, fn) in registry.registered.items())
