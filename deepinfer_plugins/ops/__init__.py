@@ -62,6 +62,6 @@ from .gemm import linear_fp4, linear_fp8, linear_fp8_grouped, linear_to_fp32
 __all__ += ["linear_fp4", "linear_fp8", "linear_fp8_grouped", "linear_to_fp32"]
 
 # The routed experts of an MoE layer as one grouped op over stacked expert weights.
-from .moe import ExpertWeights, moe_experts
+from .moe import ExpertWeights, grouped_fp4_weight_layout, moe_experts
 
-__all__ += ["ExpertWeights", "moe_experts"]
+__all__ += ["ExpertWeights", "grouped_fp4_weight_layout", "moe_experts"]

@@ -47,6 +47,14 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     return experts_one_by_one(x, route_weights, expert_ids, experts, swiglu_limit, linear_fp4.reference)
 
 
+@registry.reference("grouped_fp4_weight_layout")
+def grouped_fp4_weight_layout(weight: torch.Tensor) -> torch.Tensor:
+    """A stacked FP4 expert weight [E, out, in/2] in the memory layout this device's grouped GEMM reads, with the
+    same shape, dtype and values: the model replaces the stored tensor's data with it once after loading (a device
+    whose GEMM wants a tiled layout pays the conversion then, not per step). The reference reads it as stored."""
+    return weight
+
+
 def sort_by_expert(expert_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The (token, slot) assignments sorted by expert, stably, on the device with no host read, as grouped kernels
     need them: (sorted expert ids [T * k], assignment ids token * k + slot in that order, bounds [E + 1]: expert

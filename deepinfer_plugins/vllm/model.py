@@ -166,10 +166,10 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         missing = sorted(set(targets) - loaded)
         if missing:
             raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total)")
-        self.model.finish_loading(keep_dense=envs.keep_dense_weights(on_cpu=self.model.embed.weight.is_cpu))
         if self.tensor_parallel > 1:
             from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
 
             shard_blocks(self.model.layers, get_tensor_model_parallel_rank(), self.tensor_parallel,
                          tensor_model_parallel_all_reduce)
+        self.model.finish_loading(keep_dense=envs.keep_dense_weights(on_cpu=self.model.embed.weight.is_cpu))
         return {f"model.{name}" for name, _ in self.model.named_parameters()}  # vLLM checks parameter names

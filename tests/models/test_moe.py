@@ -143,3 +143,27 @@ def test_keep_dense_weights_covers_the_routed_experts_and_changes_no_logit(tiny2
     model.keep_dense_weights()
     assert not any(layer.ffn.experts.weights(model.dtype).quantised for layer in model.layers)
     assert torch.equal(model(ids), want)
+
+
+def test_finish_loading_gives_each_fp4_stack_its_device_layout_once(tiny256_dir, monkeypatch):
+    """A device backend of ``grouped_fp4_weight_layout`` (the NPU's NZ cast) replaces each routed FP4 stack's data
+    once, after loading; values, scales and logits stay."""
+    from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE
+
+    model = DeepseekV41ForCausalLM.from_pretrained(tiny256_dir)
+    ids = prompt(12, 2)
+    want = model(ids)
+    laid_out = []
+
+    def layout(weight):
+        laid_out.append(weight.clone())
+        return laid_out[-1]
+
+    ops.registry.discover()
+    monkeypatch.setitem(ops.registry.ops["grouped_fp4_weight_layout"].backends, "device", layout)
+    monkeypatch.setitem(DEVICE_PREFERENCE, "cpu", ("device",))  # the CPU tensors stand in
+    model.finish_loading()
+    stacks = [getattr(m, kind) for m in model.modules() if isinstance(m, RoutedExperts) for kind in RoutedExperts.KINDS]
+    assert len(laid_out) == len(stacks) and all(any(s.data_ptr() == t.data_ptr() for t in laid_out) for s in stacks)
+    assert all(isinstance(s, torch.nn.Parameter) for s in stacks)
+    assert torch.equal(model(ids), want)

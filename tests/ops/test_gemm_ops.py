@@ -16,7 +16,8 @@ from deepinfer_plugins.ops.quant import quantize_fp4_weight, quantize_fp8_weight
 from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP, OpRegistry
 from integration_tests.host_reads import ModuleCalls
 
-from .gemm_tolerances import ACTIVATION_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL, rel_err
+from .gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL,
+                           fp8_activation_linear, rel_err, routing, stacked_fp4_experts)
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -453,51 +454,16 @@ def test_deepgemm_grouped_declines_what_it_cannot_take_exactly(fake_deep_gemm, a
 
 # Two E4M3 activations in series (x before gate / up, the weighted SwiGLU output before down): about sqrt(2) times
 # one projection's error (2.7% at these shapes), more where SwiGLU's slope exceeds 1; 5.2% measured.
-MOE_FP8_REL_TOL = 0.08
-
-
-def _stacked_fp4_experts(n_experts, dim, inter, seed=3):
-    g = torch.Generator().manual_seed(seed)
-
-    def stack(out_features, in_features):
-        pairs = [quantize_fp4_weight(torch.randn(out_features, in_features, generator=g) / in_features ** 0.5)
-                 for _ in range(n_experts)]
-        return torch.stack([w for w, _ in pairs]), torch.stack([s for _, s in pairs])
-
-    (w1, s1), (w3, s3), (w2, s2) = stack(inter, dim), stack(inter, dim), stack(dim, inter)
-    return ops.ExpertWeights(w1, s1, w3, s3, w2, s2)
-
-
-def _routing(tokens, n_experts, top_k, seed=4, only=None):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.zeros(tokens, top_k, dtype=torch.long)
-    for t in range(tokens):
-        ids[t] = torch.randperm(n_experts, generator=g)[:top_k]
-    if only is not None:  # every token's first choice is one expert
-        ids[:, 0] = only
-        for t in range(tokens):
-            rest = [e for e in torch.randperm(n_experts, generator=g).tolist() if e != only]
-            ids[t, 1:] = torch.tensor(rest[: top_k - 1])
-    return torch.rand(tokens, top_k, generator=g), ids
-
-
-def _fp8_activation_linear(rows, weight, scale):
-    """A projection as the grouped GEMM computes it: E4M3 activation rows times the FP4 weight, exact, rounded to
-    the rows' dtype."""
-    deq = _activation_fake_quant(rows, 32).double() @ ops.dequant_fp4_weight(weight, scale, torch.float64).t()
-    return deq.to(rows.dtype)
-
-
 @pytest.mark.parametrize("tokens, top_k, only", [(7, 3, None), (1, 6, None), (40, 2, 1), (130, 2, 0)])
 def test_deepgemm_moe_is_the_reference_with_e4m3_activations(fake_deep_gemm, tokens, top_k, only):
     """Tokens on a few experts, on every expert, 130 rows on one expert (two aligned blocks), idle experts."""
     fake = fake_deep_gemm(10)
-    experts = _stacked_fp4_experts(8, 256, 128)
+    experts = stacked_fp4_experts(8, 256, 128)
     x = _x((tokens,), 256, torch.bfloat16)
-    route_weights, ids = _routing(tokens, 8, top_k, only=only)
+    route_weights, ids = routing(tokens, 8, top_k, only=only)
     y = deepgemm_backend.moe_experts(x, route_weights, ids, experts, 4.0, arch=10)
     assert fake.grouped_calls == 3 and y.dtype == torch.float32 and y.shape == (tokens, 256)
-    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, _fp8_activation_linear)
+    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, fp8_activation_linear)
     torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
     assert rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
 
@@ -506,7 +472,7 @@ def test_deepgemm_moe_layout_fits_every_routing():
     """Each expert's rows are exactly [align(end of the previous expert), its grouped_layout end), inside the
     buffer sized from the shapes alone."""
     for tokens, top_k, only in ((1, 6, None), (9, 4, None), (50, 3, 5), (200, 1, 2)):
-        _, ids = _routing(tokens, 16, top_k, only=only)
+        _, ids = routing(tokens, 16, top_k, only=only)
         order, rows, ends, capacity = deepgemm_backend.contiguous_layout(ids, 16, 8)
         flat = ids.reshape(-1)
         assert torch.equal(flat[order], flat[order].sort().values)
@@ -521,9 +487,9 @@ def test_deepgemm_moe_layout_fits_every_routing():
 
 def test_deepgemm_moe_packs_each_weight_scale_once_per_version(fake_deep_gemm):
     fake = fake_deep_gemm(10)
-    experts = _stacked_fp4_experts(4, 128, 128)
+    experts = stacked_fp4_experts(4, 128, 128)
     x = _x((5,), 128, torch.bfloat16)
-    route_weights, ids = _routing(5, 4, 2)
+    route_weights, ids = routing(5, 4, 2)
     first = deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=10)
     assert len(fake.transforms) == 3
     deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=10)
@@ -541,11 +507,11 @@ def test_deepgemm_moe_reads_nothing_on_the_host_whatever_the_routing(fake_deep_g
     """A host read would wait for the router on a GPU: the torch work queued is the same for 1 token, 40 tokens
     spread out, or 40 tokens sharing an expert (the weight scales packed beforehand, as by the first call)."""
     fake_deep_gemm(10)
-    experts = _stacked_fp4_experts(8, 128, 128)
-    deepgemm_backend.moe_experts(_x((2,), 128, torch.bfloat16), *_routing(2, 8, 2), experts, None, arch=10)
+    experts = stacked_fp4_experts(8, 128, 128)
+    deepgemm_backend.moe_experts(_x((2,), 128, torch.bfloat16), *routing(2, 8, 2), experts, None, arch=10)
     counts = []
     for tokens, only in ((1, None), (40, None), (40, 3)):
-        route_weights, ids = _routing(tokens, 8, 2, only=only)
+        route_weights, ids = routing(tokens, 8, 2, only=only)
         watch = ModuleCalls(deepgemm_backend)
         with watch:
             deepgemm_backend.moe_experts(_x((tokens,), 128, torch.bfloat16), route_weights, ids, experts, None,
@@ -559,11 +525,11 @@ def test_deepgemm_moe_reads_nothing_on_the_host_whatever_the_routing(fake_deep_g
                                   "no tokens", "sm90"])
 def test_deepgemm_moe_declines_what_it_cannot_take(fake_deep_gemm, case):
     fake = fake_deep_gemm(10)
-    experts = _stacked_fp4_experts(4, 128, 96 if case == "intermediate not a multiple of 128" else 128)
+    experts = stacked_fp4_experts(4, 128, 96 if case == "intermediate not a multiple of 128" else 128)
     x = _x((0 if case == "no tokens" else 3,), 128, torch.float32 if case == "fp32 activations" else torch.bfloat16)
     if case == "float experts":
         experts = ops.ExpertWeights(*(torch.randn(4, 128, 128) if i % 2 == 0 else None for i in range(6)))
-    route_weights, ids = _routing(x.shape[0], 4, 2)
+    route_weights, ids = routing(x.shape[0], 4, 2)
     arch = 9 if case == "sm90" else 10
     assert deepgemm_backend.moe_experts(x, route_weights, ids, experts, None, arch=arch) is NotImplemented
     assert fake.grouped_calls == 0 and not fake.transforms

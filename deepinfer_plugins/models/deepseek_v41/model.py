@@ -125,11 +125,14 @@ class DeepseekV41Model(nn.Module):
         return ops.linear_to_fp32(hidden, head if head is not None else self.head.weight)
 
     def finish_loading(self, keep_dense: bool = False) -> "DeepseekV41Model":
-        """Every loader calls this once the checkpoint's tensors are in place on their device (kept copies are
-        plain attributes, which ``Module.to`` does not move). ``keep_dense``: see ``keep_dense_weights``."""
+        """Every loader calls this once the checkpoint's tensors are in place on their device, and after any
+        tensor-parallel split (kept copies are plain attributes, which ``Module.to`` does not move; the routed
+        experts take their device's GEMM layout). ``keep_dense``: see ``keep_dense_weights``."""
         for module in self.modules():
             if isinstance(module, Compressor):
                 module.round_weight_once(self.dtype)
+            elif isinstance(module, RoutedExperts):
+                module.lay_out_for_device()
         return self.keep_dense_weights() if keep_dense else self
 
     def keep_dense_weights(self) -> "DeepseekV41Model":

@@ -99,6 +99,14 @@ class RoutedExperts(nn.Module):
         """As ``Linear.keep_dense``: keep the dequantised stacks (memory: their dense size)."""
         self.dense = self.dense_weights(dtype)
 
+    def lay_out_for_device(self) -> None:
+        """Once after loading, on the weights' device: the FP4 stacks in the layout its grouped GEMM reads."""
+        for kind in self.KINDS if self.w1_scale is not None else ():
+            stack = getattr(self, kind)
+            laid_out = ops.grouped_fp4_weight_layout(stack)
+            if laid_out is not stack:
+                stack.data = laid_out
+
     def weights(self, dtype: torch.dtype) -> ops.ExpertWeights:
         """What ``ops.moe_experts`` reads for activations of ``dtype``: the kept dense stacks, else the stored."""
         dense = getattr(self, "dense", None)

@@ -56,10 +56,19 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     group_type 0 (M split) with equal group sizes (group_list_type 1), split_item 2, output in x's dtype. linear_fp8
     is the one-group case, wo_a's grouped projection G groups of its tokens. in_features must be a multiple of 64
     (the scale pairs). The row scales are rebuilt per call (1/32 of the weight's bytes).
-  * linear_fp4 and moe_experts (FP4 experts) stay on the reference: the page's MX modes with FP4 weights (bf16 or
-    E4M3 x) take the weight in FRACTAL_NZ after an ``npu_format_cast`` preprocessing (every example does it), a
-    load-time conversion not built here, and the nibble order of the packed weight is shown only in an aclnn
-    example. linear_to_fp32 stays on the reference: torch_npu registers no ``mm`` with an ``out_dtype``.
+  * grouped_fp4_weight_layout -> npu_format_cast(w, 29 (FRACTAL_NZ), customize_dtype=E4M3,
+    input_dtype=float4_e2m1fn_x2), the cast every MxA8W4 example of npu_grouped_matmul's page applies to its
+    [E, N, K/2] packed weight; the model runs it once after loading and keeps the result as the parameter's data.
+  * moe_experts -> three npu_grouped_matmul calls in its MX pseudo-quantisation mode with E4M3 activations
+    (MxA8W4, formula 6-2): the (token, slot) assignments sorted by expert on the device, sizes per expert
+    (group_list_type 1) with no host read; x rows as E4M3 per 32 columns (the fp8_block_quant mapping); each NZ
+    weight passed transposed with its E8M0 row scales (E, N, K/64, 2) transposed (-3, -2), weight_dtype
+    float4_e2m1fn_x2, no bias, output in x's dtype; SwiGLU, the router weight and the fp32 combine in ascending
+    expert id as the reference. Limits from the page: E > 1, K a multiple of 64 other than 64, bf16 / fp16 x.
+    Assumed, not stated on the page: the packed weight's nibble order (an aclnn example puts the even element in
+    the low four bits, as the checkpoint does) and that bias may be omitted (the examples pass one).
+  * linear_fp4 stays on the reference (the model's FP4 weights are the routed experts). linear_to_fp32 stays on
+    the reference: torch_npu registers no ``mm`` with an ``out_dtype``.
 """
 
 from __future__ import annotations
@@ -68,12 +77,15 @@ import torch
 
 from ... import envs
 from ..cache import cache_gather
+from ..moe import sort_by_expert
 from ..quant import FP8_AMAX_FLOOR
+from ..reference import swiglu
 from ..registry import hookimpl
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 MX_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MX_BLOCK = 32
+FRACTAL_NZ = 29  # torch_npu's format id for the tiled layout its GEMMs read
 MHC_STREAMS = (4, 6, 8)
 PAGE_ROWS = 128  # key rows per PA_BSND block: a multiple of 16, at most 1024
 
@@ -239,6 +251,63 @@ def linear_fp8_grouped(x, weight, scale):
     return y.view(groups, tokens, -1).transpose(0, 1).contiguous()
 
 
+def grouped_fp4_weight_layout(weight):
+    """FRACTAL_NZ, the layout every MxA8W4 example of npu_grouped_matmul's page casts its weight to first."""
+    npu = _npu()
+    if weight.dtype != torch.int8 or weight.dim() != 3 or npu.get_npu_format(weight) == FRACTAL_NZ:
+        return NotImplemented
+    return npu.npu_format_cast(weight, FRACTAL_NZ, customize_dtype=torch.float8_e4m3fn,
+                               input_dtype=npu.float4_e2m1fn_x2)
+
+
+def _mx_grouped_fp4(rows, sizes, weight, scale):
+    """rows [M, in] sorted by expert (sizes [E] rows each) @ expert e's FP4 weight [E, out, in/2] -> [M, out] in
+    rows' dtype: MxA8W4, the activation as E4M3 per 32 columns, the weight as laid out (NZ), transposed."""
+    npu = _npu()
+    experts, out_features, packed = weight.shape
+    values, token_scale = _fp8_mx_quant(rows)
+    weight_scale = scale.view(torch.uint8).view(experts, out_features, packed // MX_BLOCK, 2)
+    (y,) = npu.npu_grouped_matmul(
+        [values], [weight.transpose(-2, -1)], antiquant_scale=[weight_scale.transpose(-3, -2)],
+        per_token_scale=[token_scale], group_list=sizes, group_list_type=1, group_type=0, split_item=2,
+        output_dtype=rows.dtype, per_token_scale_dtype=npu.float8_e8m0fnu, weight_dtype=npu.float4_e2m1fn_x2)
+    return y
+
+
+def _mx_experts_fit(x, experts) -> bool:
+    """The page's MxA8W4 limits: no single-expert stack, K a multiple of 64 other than 64, bf16 / fp16 output;
+    and weights already in NZ (``grouped_fp4_weight_layout`` ran after loading)."""
+    if not experts.quantised or x.dtype not in HALF_DTYPES or x.shape[0] == 0 or experts.w1.shape[0] < 2:
+        return False
+    widths = (x.shape[-1], experts.w2.shape[-1] * 2)
+    npu = _npu()
+    laid_out = all(npu.get_npu_format(w) == FRACTAL_NZ for w in (experts.w1, experts.w3, experts.w2))
+    return laid_out and all(width % (2 * MX_BLOCK) == 0 and width != 2 * MX_BLOCK for width in widths)
+
+
+def moe_experts(x, route_weights, expert_ids, experts, swiglu_limit):
+    """The reference's math with each projection one MxA8W4 grouped matmul over the assignments sorted by expert
+    (sizes from the device, no host read); the fp32 combine adds each token's experts in ascending expert id."""
+    if not _mx_experts_fit(x, experts):
+        return NotImplemented
+    tokens, k = expert_ids.shape
+    _, order, bounds = sort_by_expert(expert_ids, experts.w1.shape[0])
+    sizes = bounds.diff()
+    rows = x[order // k]
+    gate = _mx_grouped_fp4(rows, sizes, experts.w1, experts.w1_scale)
+    up = _mx_grouped_fp4(rows, sizes, experts.w3, experts.w3_scale)
+    hidden = (swiglu(gate, up, swiglu_limit).float() * route_weights.reshape(-1)[order][:, None]).to(x.dtype)
+    down = _mx_grouped_fp4(hidden, sizes, experts.w2, experts.w2_scale).float()
+    per_slot = torch.empty_like(down)
+    per_slot[order] = down
+    by_expert = per_slot.view(tokens, k, -1).gather(
+        1, expert_ids.argsort(dim=1)[:, :, None].expand(-1, -1, down.shape[-1]))
+    routed = torch.zeros(tokens, down.shape[-1], dtype=torch.float32, device=x.device)
+    for slot in range(k):
+        routed += by_expert[:, slot]
+    return routed
+
+
 @hookimpl
 def deepinfer_register_ops(registry) -> None:
     if not hasattr(torch, "npu"):
@@ -255,3 +324,5 @@ def deepinfer_register_ops(registry) -> None:
     registry.register_backend("fp8_fake_quant", "ascend", fp8_fake_quant)
     registry.register_backend("linear_fp8", "ascend", linear_fp8)
     registry.register_backend("linear_fp8_grouped", "ascend", linear_fp8_grouped)
+    registry.register_backend("grouped_fp4_weight_layout", "ascend", grouped_fp4_weight_layout)
+    registry.register_backend("moe_experts", "ascend", moe_experts)

@@ -20,7 +20,12 @@ import torch
 from deepinfer_plugins import ops
 from deepinfer_plugins.ops.backends import ascend_backend
 from deepinfer_plugins.ops.quant import quantize_fp8_weight
-from tests.ops.gemm_tolerances import ACTIVATION_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL, rel_err
+from integration_tests.host_reads import ModuleCalls
+from tests.ops.gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL,
+                                    fp8_activation_linear, rel_err, routing, stacked_fp4_experts)
+
+
+ND, FRACTAL_NZ = 2, 29  # torch_npu's format ids
 
 
 class FakeNpu(types.ModuleType):
@@ -29,7 +34,9 @@ class FakeNpu(types.ModuleType):
         self.calls = []
         self.unused_slot = -1  # what the lightning indexer leaves in slots past the visible entries
         self.shuffle_output = False  # whether it returns its ids in some order other than by score
-        self.float8_e8m0fnu = object()  # torch_npu's own dtype name for E8M0 bytes
+        self.float8_e8m0fnu = object()  # torch_npu's own dtype names: E8M0 bytes, two E2M1 codes per byte
+        self.float4_e2m1fn_x2 = object()
+        self.formats = {}  # storage -> format id of the tensors npu_format_cast made
 
     def npu_sparse_flash_attention(self, query, key, value, *, sparse_indices, scale_value, sparse_block_size,
                                    layout_query, layout_kv, return_softmax_lse):
@@ -118,31 +125,62 @@ class FakeNpu(types.ModuleType):
         codes[..., :count] = (unbiased + 127).to(torch.uint8)
         return values.flatten(-2), codes.unflatten(-1, (-1, 2))
 
-    def npu_grouped_matmul(self, x, weight, *, scale, per_token_scale, group_list, group_list_type, group_type,
-                           split_item, output_dtype, scale_dtype, per_token_scale_dtype):
-        """MX full quantisation (formula 5, gsm 1, gsn 1, gsk 32) with the page's MXFP8 layouts: x [M, K], weight
-        [E, K, N] a transposed view of [E, N, K], scale (E, K/64, N, 2) a transposed view of (E, N, K/64, 2),
-        per_token_scale (M, K/64, 2), group sizes per group (group_list_type 1), one output [M, N]."""
-        (x,), (weight,), (scale,), (token_scale,) = x, weight, scale, per_token_scale
+    def get_npu_format(self, tensor):
+        return self.formats.get(tensor.untyped_storage().data_ptr(), ND)
+
+    def npu_format_cast(self, tensor, acl_format, *, customize_dtype, input_dtype):
+        """A copy whose storage the fake remembers as NZ; the values stay as they are."""
+        self.calls.append(("npu_format_cast", tensor.shape, tensor.dtype, acl_format, customize_dtype, input_dtype))
+        assert acl_format == FRACTAL_NZ and customize_dtype == torch.float8_e4m3fn
+        assert input_dtype is self.float4_e2m1fn_x2 and tensor.dtype == torch.int8
+        cast = tensor.clone()
+        self.formats[cast.untyped_storage().data_ptr()] = FRACTAL_NZ
+        return cast
+
+    def npu_grouped_matmul(self, x, weight, *, per_token_scale, group_list, group_list_type, group_type,
+                           split_item, output_dtype, per_token_scale_dtype, scale=None, scale_dtype=None,
+                           antiquant_scale=None, weight_dtype=None):
+        """Formula 5 (MX full quantisation, MxA8W8) or 6-2 (MX pseudo-quantisation, MxA8W4) with the page's
+        layouts: x [M, K] E4M3, per_token_scale (M, K/64, 2), group sizes per group (group_list_type 1), one
+        output [M, N]. MxA8W8: weight [E, K, N] a transposed view of [E, N, K] E4M3, scale (E, K/64, N, 2) a
+        transposed view of (E, N, K/64, 2). MxA8W4: weight a transposed view of the NZ-cast [E, N, K/2] FP4
+        codes (even element in the low four bits), antiquant_scale (E, K/64, N, 2) a transposed view of
+        (E, N, K/64, 2), no scale. E8M0 scales as bytes."""
+        (x,), (weight,), (token_scale,) = x, weight, per_token_scale
+        mx_fp4 = weight_dtype is not None
+        (weight_scale,) = antiquant_scale if mx_fp4 else scale
         self.calls.append(dict(x=(x.shape, x.dtype), weight=(weight.shape, weight.dtype, weight.stride()),
-                               scale=(scale.shape, scale.dtype, scale.stride()), token_scale=token_scale.shape,
-                               group_list=group_list.tolist(), output_dtype=output_dtype))
-        assert x.dtype == weight.dtype == torch.float8_e4m3fn and x.dim() == 2 and x.is_contiguous()
-        (groups, k, n), m = weight.shape, x.shape[0]
-        assert weight.transpose(1, 2).is_contiguous() and k == x.shape[1]
-        assert scale.shape == (groups, k // 64, n, 2) and scale.transpose(1, 2).is_contiguous()
-        assert token_scale.shape == (m, k // 64, 2) and scale.dtype == token_scale.dtype == torch.uint8
-        assert scale_dtype is per_token_scale_dtype is self.float8_e8m0fnu
+                               token_scale=token_scale.shape, group_list=group_list.tolist(),
+                               output_dtype=output_dtype, mode="MxA8W4" if mx_fp4 else "MxA8W8"))
+        assert x.dtype == torch.float8_e4m3fn and x.dim() == 2 and x.is_contiguous()
+        stored = weight.transpose(1, 2)
+        assert stored.is_contiguous()
+        if mx_fp4:
+            assert weight_dtype is self.float4_e2m1fn_x2 and scale is None and scale_dtype is None
+            assert weight.dtype == torch.int8 and self.get_npu_format(weight) == FRACTAL_NZ
+            assert output_dtype in (torch.bfloat16, torch.float16) and stored.shape[0] > 1
+            codes = stored.view(torch.uint8)
+            codes = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)  # [E, N, K]
+            grid = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), dtype=torch.float64)
+            values = grid[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0).double()
+        else:
+            assert weight.dtype == torch.float8_e4m3fn and scale_dtype is self.float8_e8m0fnu
+            assert output_dtype in (torch.bfloat16, torch.float16, torch.float32)
+            values = stored.double()
+        (groups, n, k), m = values.shape, x.shape[0]
+        assert k == x.shape[1] and k % 64 == 0
+        assert weight_scale.shape == (groups, k // 64, n, 2) and weight_scale.transpose(1, 2).is_contiguous()
+        assert token_scale.shape == (m, k // 64, 2) and weight_scale.dtype == token_scale.dtype == torch.uint8
+        assert per_token_scale_dtype is self.float8_e8m0fnu
         assert group_list.dtype == torch.int64 and group_list.shape == (groups,) and group_list_type == 1
-        assert group_type == 0 and split_item in (2, 3) and output_dtype in (torch.bfloat16, torch.float16,
-                                                                               torch.float32)
+        assert group_type == 0 and split_item in (2, 3)
         decode = lambda codes: torch.pow(2.0, codes.double() - 127)  # noqa: E731
         x_scale = decode(token_scale.flatten(-2)).repeat_interleave(32, -1)  # [M, K]
-        w_scale = decode(scale.transpose(1, 2).flatten(-2)).repeat_interleave(32, -1)  # [E, N, K]
+        w_scale = decode(weight_scale.transpose(1, 2).flatten(-2)).repeat_interleave(32, -1)  # [E, N, K]
         out, start = torch.empty(m, n, dtype=torch.float64), 0
         for group, size in enumerate(group_list.tolist()):
             rows = slice(start, start + size)
-            out[rows] = (x[rows].double() * x_scale[rows]) @ (weight[group].double().t() * w_scale[group]).t()
+            out[rows] = (x[rows].double() * x_scale[rows]) @ (values[group] * w_scale[group]).t()
             start += size
         assert start == m
         return [out.to(output_dtype)]
@@ -421,6 +459,67 @@ def test_linear_fp8_outside_the_op_limits_is_declined(npu, x, weight_dtype):
     assert npu.calls == []
 
 
+def _laid_out(npu, experts):
+    """The experts as the model holds them on an NPU after loading: each FP4 stack cast to NZ."""
+    stacks = {kind: ascend_backend.grouped_fp4_weight_layout(getattr(experts, kind)) for kind in ("w1", "w3", "w2")}
+    assert all(npu.get_npu_format(stack) == FRACTAL_NZ for stack in stacks.values())
+    return experts._replace(**stacks)
+
+
+@pytest.mark.parametrize("tokens, top_k, only", [(7, 3, None), (1, 6, None), (40, 2, 1)])
+def test_moe_experts_are_the_reference_with_e4m3_activations(npu, tokens, top_k, only):
+    experts = _laid_out(npu, stacked_fp4_experts(8, 256, 128))
+    x = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(tokens)).bfloat16()
+    route_weights, ids = routing(tokens, 8, top_k, only=only)
+    y = ascend_backend.moe_experts(x, route_weights, ids, experts, 4.0)
+    assert [call["mode"] for call in npu.calls if isinstance(call, dict)] == ["MxA8W4"] * 3
+    assert y.dtype == torch.float32 and y.shape == (tokens, 256)
+    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, fp8_activation_linear)
+    torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
+    assert rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
+
+
+def test_moe_experts_read_nothing_on_the_host_whatever_the_routing(npu):
+    """A host read would wait for the router: the torch work queued is the same for 1 token, 40 spread out, or 40
+    sharing an expert."""
+    experts = _laid_out(npu, stacked_fp4_experts(8, 128, 128))
+    counts = []
+    for tokens, only in ((1, None), (40, None), (40, 3)):
+        route_weights, ids = routing(tokens, 8, 2, only=only)
+        watch = ModuleCalls(ascend_backend)
+        with watch:
+            ascend_backend.moe_experts(torch.randn(tokens, 128).bfloat16(), route_weights, ids, experts, None)
+        assert watch.host_reads == []
+        counts.append(watch.calls)
+    assert len(set(counts)) == 1, counts
+
+
+def test_the_layout_is_cast_once(npu):
+    stack = torch.zeros(2, 64, 64, dtype=torch.int8)
+    cast = ascend_backend.grouped_fp4_weight_layout(stack)
+    assert ascend_backend.grouped_fp4_weight_layout(cast) is NotImplemented  # already NZ: the reference keeps it
+    assert ascend_backend.grouped_fp4_weight_layout(torch.zeros(64, 64, dtype=torch.int8)) is NotImplemented
+    assert [call[0] for call in npu.calls] == ["npu_format_cast"]
+
+
+@pytest.mark.parametrize("case", ["not laid out", "fp32 activations", "one expert", "width 64", "float experts",
+                                  "no tokens"])
+def test_moe_experts_outside_the_op_limits_are_declined(npu, case):
+    dim = 64 if case == "width 64" else 128
+    experts = stacked_fp4_experts(1 if case == "one expert" else 4, dim, 128)
+    if case != "not laid out":
+        experts = _laid_out(npu, experts)
+    if case == "float experts":
+        experts = ops.ExpertWeights(torch.zeros(4, 128, dim), None, torch.zeros(4, 128, dim), None,
+                                    torch.zeros(4, dim, 128), None)
+    x = torch.randn(0 if case == "no tokens" else 3, dim).to(torch.float32 if case == "fp32 activations"
+                                                             else torch.bfloat16)
+    route_weights, ids = routing(x.shape[0], experts.w1.shape[0], 1)
+    calls = len(npu.calls)
+    assert ascend_backend.moe_experts(x, route_weights, ids, experts, None) is NotImplemented
+    assert len(npu.calls) == calls
+
+
 class RecordingRegistry:
     def __init__(self):
         self.registered = {}
@@ -444,7 +543,7 @@ def test_registers_the_documented_mappings_and_opt_ins(monkeypatch, env, opt_in)
     registry = RecordingRegistry()
     ascend_backend.deepinfer_register_ops(registry)
     default = {"sparse_attention", "sinkhorn", "hc_coefficients", "hc_expand", "fp8_block_quant", "fp8_fake_quant",
-               "linear_fp8", "linear_fp8_grouped"}
+               "linear_fp8", "linear_fp8_grouped", "grouped_fp4_weight_layout", "moe_experts"}
     assert set(registry.registered) == default | opt_in
     assert all(backend == "ascend" and fn is getattr(ascend_backend, name)
                for name, (backend, fn) in registry.registered.items())
