@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -88,3 +89,14 @@ def test_compressor_rounded_once_gives_the_per_call_logits(tiny256_dir):
             compressor.wkv.__dict__.pop("dense", None)
         per_call = model(ids, model.new_cache())
     assert torch.equal(rounded_once, per_call)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_copies_add_no_parameters(tiny256_dir, dtype):
+    """A weight already in the kept dtype is its own copy: keeping it would register a second parameter."""
+    model = DeepseekV41ForCausalLM.from_pretrained(tiny256_dir, dtype=dtype)
+    names = set(model.state_dict())
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    model.finish_loading(keep_dense=True)
+    assert set(model.state_dict()) == names
+    assert {name for name, _ in model.named_parameters(remove_duplicate=False)} == parameters

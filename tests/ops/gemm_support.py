@@ -51,5 +51,5 @@ def routing(tokens, n_experts, top_k, seed=4, only=None):
 def fp8_activation_linear(rows, weight, scale):
     """A projection as the grouped GEMM computes it: E4M3 activation rows times the FP4 weight, exact, rounded to
     the rows' dtype."""
-    deq = ops.fp8_fake_quant.reference(rows.float(), 32).double() @ ops.dequant_fp4_weight(weight, scale, torch.float64).t()
-    return deq.to(rows.dtype)
+    activation = ops.fp8_fake_quant.reference(rows.float(), 32).double()
+    return (activation @ ops.dequant_fp4_weight(weight, scale, torch.float64).t()).to(rows.dtype)

@@ -603,7 +603,8 @@ def test_swizzle_128x4_matches_the_documented_tiling():
 def test_e2m1_to_e4m3_is_exact():
     weight, _ = _fp4_weight(16, 64)
     ones = torch.ones(16, 2, dtype=torch.float8_e8m0fnu)
-    assert torch.equal(flashinfer_backend.e2m1_to_e4m3(weight).float(), ops.dequant_fp4_weight(weight, ones, torch.float32))
+    expected = ops.dequant_fp4_weight(weight, ones, torch.float32)
+    assert torch.equal(flashinfer_backend.e2m1_to_e4m3(weight).float(), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -46,8 +46,11 @@ class Linear(nn.Module):
             raise ValueError(f"unknown weight format {fmt!r}; expected 'float', 'fp8' or 'fp4'")
 
     def keep_dense(self, dtype: torch.dtype) -> None:
-        """Keep the dequantised weight in ``dtype`` (memory: out * in * itemsize) instead of rebuilding it."""
-        self.dense = self.dense_weight(dtype)
+        """Keep the dequantised weight in ``dtype`` (memory: out * in * itemsize) instead of rebuilding it. A float
+        weight stored in ``dtype`` is its own dense form: nothing is kept (nor registered as a second parameter)."""
+        dense = self.dense_weight(dtype)
+        if dense is not self.weight:
+            self.dense = dense
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         dense = getattr(self, "dense", None)

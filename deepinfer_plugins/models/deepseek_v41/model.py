@@ -141,7 +141,8 @@ class DeepseekV41Model(nn.Module):
         for module in self.modules():
             if isinstance(module, (Linear, RoutedExperts)):
                 module.keep_dense(self.dtype)
-        self.head.dense = self.head.weight.float()
+        if self.head.weight.dtype != torch.float32:
+            self.head.dense = self.head.weight.float()
         return self
 
     def hidden_states(self, token_ids: torch.Tensor, chunks: list[SequenceChunk],
