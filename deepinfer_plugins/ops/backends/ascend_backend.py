@@ -12,6 +12,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
   * sparse_attention -> npu_sparse_flash_attention, layout TND, key = value = the latent pool, sparse_block_size 1,
     with the softmax LSE returned; the sink (not an NPU argument) is folded in afterwards:
     o = o_nosink * sigmoid(lse - sink), exact for a sink whose value vector is zero.
+  * sparse_attention_records (the model's attention over its cache records) -> the distinct keys decoded once
+    into a pool (``records_pool``, as the reference does), then the sparse_attention mapping.
   * sinkhorn -> npu_mhc_sinkhorn(logits fp32 [T, n, n], eps, num_iters), n in {4, 6, 8}. Documented: the op starts
     with softmax(x, dim=-1) + eps, so it takes the logits, and returns (y, norm_out, sum_out).
   * hc_coefficients -> npu_mhc_pre(x, phi=fn, alpha=scale, bias=base, norm_eps, hc_eps, out_flag=1) then
@@ -77,6 +79,7 @@ import torch
 
 from ... import envs
 from ..cache import cache_gather
+from ..fused import records_pool
 from ..moe import sort_by_expert
 from ..quant import FP8_AMAX_FLOOR
 from ..reference import swiglu
@@ -108,6 +111,14 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
     lse = lse.float().reshape(t, h)  # natural-log LSE over the selected keys; -inf when none is valid
     keep = torch.sigmoid(lse - sink.float()[None, :])  # share of the probability mass not taken by the sink
     return (out.float().nan_to_num(0.0) * keep[:, :, None]).to(q.dtype)
+
+
+def sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots, sink, softmax_scale):
+    """The model's attention: the batch's distinct keys decoded once into a pool (as the reference does), then
+    the npu_sparse_flash_attention mapping above instead of the reference's attention."""
+    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype,
+                                 gather=cache_gather)
+    return sparse_attention(q, pool, indices, sink, softmax_scale)
 
 
 def sinkhorn(logits, iters, eps):
@@ -314,6 +325,7 @@ def deepinfer_register_ops(registry) -> None:
         registry.mark_unavailable("ascend", "torch_npu is not loaded (no torch.npu)")
         return
     registry.register_backend("sparse_attention", "ascend", sparse_attention)
+    registry.register_backend("sparse_attention_records", "ascend", sparse_attention_records)
     registry.register_backend("sinkhorn", "ascend", sinkhorn)
     registry.register_backend("hc_coefficients", "ascend", hc_coefficients)
     registry.register_backend("hc_expand", "ascend", hc_expand)

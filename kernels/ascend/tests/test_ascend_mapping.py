@@ -211,6 +211,22 @@ def test_sparse_attention_call_and_sink_fold_in(npu):
     assert (out[1] == 0).all()
 
 
+def test_records_attention_pools_the_distinct_keys_then_calls_the_npu_op(npu):
+    g = torch.Generator().manual_seed(5)
+    window = ops.pack_cache_records(torch.randn(40, 64, generator=g), "fp8_window")
+    compressed = ops.pack_cache_records(torch.randn(90, 64, generator=g), "nvfp4")
+    window_slots = (torch.arange(6)[:, None] + torch.arange(16)[None, :]) % 40
+    window_slots[:, :3] = -1
+    compressed_slots = torch.randint(0, 90, (6, 24), generator=g)
+    compressed_slots[::3, -4:] = -1
+    q, sink = torch.randn(6, 8, 64, generator=g), torch.randn(8, generator=g)
+    args = (q, window, window_slots, compressed, compressed_slots, sink, 0.125)
+    got = ascend_backend.sparse_attention_records(*args)
+    distinct = torch.unique(torch.cat((window_slots, compressed_slots + 40 * (compressed_slots >= 0)), 1))
+    assert npu.calls[-1][0] == "npu_sparse_flash_attention" and npu.calls[-1][2][0] == (distinct >= 0).sum()
+    torch.testing.assert_close(got, ops.sparse_attention_records.reference(*args), atol=1e-5, rtol=1e-5)
+
+
 def test_sinkhorn_call(npu):
     logits = torch.randn(5, 4, 4)
     out = ascend_backend.sinkhorn(logits, 20, 1e-6)
@@ -542,7 +558,7 @@ def test_registers_the_documented_mappings_and_opt_ins(monkeypatch, env, opt_in)
         monkeypatch.setenv(name, value)
     registry = RecordingRegistry()
     ascend_backend.deepinfer_register_ops(registry)
-    default = {"sparse_attention", "sinkhorn", "hc_coefficients", "hc_expand", "fp8_block_quant", "fp8_fake_quant",
+    default = {"sparse_attention", "sparse_attention_records", "sinkhorn", "hc_coefficients", "hc_expand", "fp8_block_quant", "fp8_fake_quant",
                "linear_fp8", "linear_fp8_grouped", "grouped_fp4_weight_layout", "moe_experts"}
     assert set(registry.registered) == default | opt_in
     assert all(backend == "ascend" and fn is getattr(ascend_backend, name)
