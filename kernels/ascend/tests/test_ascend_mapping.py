@@ -536,6 +536,52 @@ def test_moe_experts_outside_the_op_limits_are_declined(npu, case):
     assert len(npu.calls) == calls
 
 
+def test_the_model_calls_every_npu_mapping_and_its_gemms_are_the_fp8_activation_products(monkeypatch, tmp_path):
+    """The tiny model (widened so that its experts fit MxA8W4) runs a prefill and a decode step through every
+    Ascend mapping it can use. Its logits equal those of the same run with the three GEMM ops replaced by the
+    reference on E4M3-rounded activations: the GEMM mappings get the model's real arguments. (The other mappings
+    are checked op by op above: against the reference the random tiny model amplifies any rounding difference
+    through its FP8 fake-quant steps; hc_expand's summation order alone moves its logits by 9%.)"""
+    from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
+    from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
+    from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE
+
+    npu = FakeNpu()
+    monkeypatch.setitem(sys.modules, "torch_npu", npu)
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(), raising=False)
+    ops.registry.discover()
+    for op in ops.registry.ops.values():
+        monkeypatch.setattr(op, "backends", dict(op.backends))
+    ascend_backend.deepinfer_register_ops(ops.registry)
+
+    def fp8_rows(linear):
+        return lambda x, *w: linear.reference(ops.fp8_fake_quant.reference(x), *w) if x.shape[-1] % 64 == 0 \
+            else NotImplemented
+
+    emulated = {"linear_fp8": fp8_rows(ops.linear_fp8), "linear_fp8_grouped": fp8_rows(ops.linear_fp8_grouped),
+                "moe_experts": lambda x, w, ids, experts, limit: ops.moe.experts_one_by_one(
+                    x, w, ids, experts, limit, fp8_activation_linear)}
+    for name, fn in emulated.items():
+        ops.registry.ops[name].backends["emulated"] = fn
+    monkeypatch.setitem(DEVICE_PREFERENCE, "cpu", ("ascend",))  # the CPU tensors stand in for NPU ones
+    path = write_random_checkpoint(tmp_path, "tiny-vocab256", seed=0, hidden_size=128, moe_intermediate_size=128)
+    model = DeepseekV41ForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    ids = torch.randint(3, 250, (12,), generator=torch.Generator().manual_seed(0))
+
+    def prefill_and_decode():
+        with torch.inference_mode():
+            cache = model.new_cache()
+            return model(ids[:11], cache), model(ids[11:], cache)
+
+    on_npu = prefill_and_decode()
+    called = {call[0] if isinstance(call, tuple) else call["mode"] for call in npu.calls}
+    assert {"npu_sparse_flash_attention", "npu_mhc_pre", "npu_mhc_sinkhorn", "npu_mhc_post", "npu_dynamic_mx_quant",
+            "npu_format_cast", "MxA8W8", "MxA8W4"} <= called
+    monkeypatch.setitem(DEVICE_PREFERENCE, "cpu", ("emulated", "ascend"))
+    for got, want in zip(on_npu, prefill_and_decode()):
+        assert rel_err(got, want) < 1e-3
+
+
 class RecordingRegistry:
     def __init__(self):
         self.registered = {}
@@ -558,8 +604,9 @@ def test_registers_the_documented_mappings_and_opt_ins(monkeypatch, env, opt_in)
         monkeypatch.setenv(name, value)
     registry = RecordingRegistry()
     ascend_backend.deepinfer_register_ops(registry)
-    default = {"sparse_attention", "sparse_attention_records", "sinkhorn", "hc_coefficients", "hc_expand", "fp8_block_quant", "fp8_fake_quant",
-               "linear_fp8", "linear_fp8_grouped", "grouped_fp4_weight_layout", "moe_experts"}
+    default = {"sparse_attention", "sparse_attention_records", "sinkhorn", "hc_coefficients", "hc_expand",
+               "fp8_block_quant", "fp8_fake_quant", "linear_fp8", "linear_fp8_grouped", "grouped_fp4_weight_layout",
+               "moe_experts"}
     assert set(registry.registered) == default | opt_in
     assert all(backend == "ascend" and fn is getattr(ascend_backend, name)
                for name, (backend, fn) in registry.registered.items())
