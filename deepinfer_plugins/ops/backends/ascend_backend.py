@@ -65,10 +65,11 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     (MxA8W4, formula 6-2): the (token, slot) assignments sorted by expert on the device, sizes per expert
     (group_list_type 1) with no host read; x rows as E4M3 per 32 columns (the fp8_block_quant mapping); each NZ
     weight passed transposed with its E8M0 row scales (E, N, K/64, 2) transposed (-3, -2), weight_dtype
-    float4_e2m1fn_x2, no bias, output in x's dtype; SwiGLU, the router weight and the fp32 combine in ascending
-    expert id as the reference. Limits from the page: E > 1, K a multiple of 64 other than 64, bf16 / fp16 x.
-    Assumed, not stated on the page: the packed weight's nibble order (an aclnn example puts the even element in
-    the low four bits, as the checkpoint does) and that bias may be omitted (the examples pass one).
+    float4_e2m1fn_x2, a zero bias (E, N) in x's dtype (the page's dtype table lists no "None" for this mode),
+    output in x's dtype; SwiGLU, the router weight and the fp32 combine in ascending expert id as the reference.
+    Limits from the page: E > 1, K a multiple of 64 other than 64, bf16 / fp16 x. Assumed, not stated on the
+    page: the packed weight's nibble order (an aclnn example puts the even element in the low four bits, as the
+    checkpoint does).
   * linear_fp4 stays on the reference (the model's FP4 weights are the routed experts). linear_to_fp32 stays on
     the reference: torch_npu registers no ``mm`` with an ``out_dtype``.
 """
@@ -278,8 +279,9 @@ def _mx_grouped_fp4(rows, sizes, weight, scale):
     experts, out_features, packed = weight.shape
     values, token_scale = _fp8_mx_quant(rows)
     weight_scale = scale.view(torch.uint8).view(experts, out_features, packed // MX_BLOCK, 2)
+    no_bias = torch.zeros(experts, out_features, dtype=rows.dtype, device=rows.device)  # the mode requires one
     (y,) = npu.npu_grouped_matmul(
-        [values], [weight.transpose(-2, -1)], antiquant_scale=[weight_scale.transpose(-3, -2)],
+        [values], [weight.transpose(-2, -1)], bias=[no_bias], antiquant_scale=[weight_scale.transpose(-3, -2)],
         per_token_scale=[token_scale], group_list=sizes, group_list_type=1, group_type=0, split_item=2,
         output_dtype=rows.dtype, per_token_scale_dtype=npu.float8_e8m0fnu, weight_dtype=npu.float4_e2m1fn_x2)
     return y

@@ -139,13 +139,14 @@ class FakeNpu(types.ModuleType):
 
     def npu_grouped_matmul(self, x, weight, *, per_token_scale, group_list, group_list_type, group_type,
                            split_item, output_dtype, per_token_scale_dtype, scale=None, scale_dtype=None,
-                           antiquant_scale=None, weight_dtype=None):
+                           antiquant_scale=None, weight_dtype=None, bias=None):
         """Formula 5 (MX full quantisation, MxA8W8) or 6-2 (MX pseudo-quantisation, MxA8W4) with the page's
         layouts: x [M, K] E4M3, per_token_scale (M, K/64, 2), group sizes per group (group_list_type 1), one
         output [M, N]. MxA8W8: weight [E, K, N] a transposed view of [E, N, K] E4M3, scale (E, K/64, N, 2) a
         transposed view of (E, N, K/64, 2). MxA8W4: weight a transposed view of the NZ-cast [E, N, K/2] FP4
         codes (even element in the low four bits), antiquant_scale (E, K/64, N, 2) a transposed view of
-        (E, N, K/64, 2), no scale. E8M0 scales as bytes."""
+        (E, N, K/64, 2), no scale, a bias (E, N) in the output dtype (required: the dtype table has no None for
+        it); MxA8W8 takes no bias. E8M0 scales as bytes."""
         (x,), (weight,), (token_scale,) = x, weight, per_token_scale
         mx_fp4 = weight_dtype is not None
         (weight_scale,) = antiquant_scale if mx_fp4 else scale
@@ -158,13 +159,15 @@ class FakeNpu(types.ModuleType):
         if mx_fp4:
             assert weight_dtype is self.float4_e2m1fn_x2 and scale is None and scale_dtype is None
             assert weight.dtype == torch.int8 and self.get_npu_format(weight) == FRACTAL_NZ
-            assert output_dtype in (torch.bfloat16, torch.float16) and stored.shape[0] > 1
+            assert output_dtype in (torch.bfloat16, torch.float16) and stored.shape[0] > 1 and len(bias) == 1
+            (bias,) = bias
+            assert bias.shape == stored.shape[:2] and bias.dtype == output_dtype
             codes = stored.view(torch.uint8)
             codes = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)  # [E, N, K]
             grid = torch.tensor((0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), dtype=torch.float64)
             values = grid[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0).double()
         else:
-            assert weight.dtype == torch.float8_e4m3fn and scale_dtype is self.float8_e8m0fnu
+            assert weight.dtype == torch.float8_e4m3fn and scale_dtype is self.float8_e8m0fnu and bias is None
             assert output_dtype in (torch.bfloat16, torch.float16, torch.float32)
             values = stored.double()
         (groups, n, k), m = values.shape, x.shape[0]
@@ -181,6 +184,8 @@ class FakeNpu(types.ModuleType):
         for group, size in enumerate(group_list.tolist()):
             rows = slice(start, start + size)
             out[rows] = (x[rows].double() * x_scale[rows]) @ (values[group] * w_scale[group]).t()
+            if bias is not None:
+                out[rows] += bias[group].double()
             start += size
         assert start == m
         return [out.to(output_dtype)]
