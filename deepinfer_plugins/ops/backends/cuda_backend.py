@@ -66,12 +66,12 @@ def _extension():
     so every kernel declines and Triton runs instead of the server stopping."""
     global _ext, _ext_failure
     if _ext is None and _ext_failure is None:
-        spec = importlib.util.spec_from_file_location("deepinfer_cuda_build", cuda_sources() / "build.py")
-        module = importlib.util.module_from_spec(spec)
         try:
+            spec = importlib.util.spec_from_file_location("deepinfer_cuda_build", cuda_sources() / "build.py")
+            module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             _ext = module.load()
-        except Exception as exc:  # nvcc too old for an arch, a broken toolchain: log it, keep serving
+        except Exception as exc:  # no sources, nvcc too old for an arch, a broken toolchain: log it, keep serving
             _ext_failure = f"{type(exc).__name__}: {exc}"
             logger.warning("deepinfer CUDA kernels failed to build (%s); their ops run on Triton", _ext_failure)
     return _ext
