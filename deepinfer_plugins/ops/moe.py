@@ -64,6 +64,21 @@ def sort_by_expert(expert_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tens
     return sorted_experts, order, bounds
 
 
+def combine_in_expert_order(rows: torch.Tensor, order: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """A grouped kernel's down-projection rows [T * k, d], in the sorted assignment order ``order`` (from
+    ``sort_by_expert``) -> fp32 [T, d]: each token's experts added in ascending expert id, the reference's order."""
+    tokens, top_k = expert_ids.shape
+    by_assignment = torch.empty_like(rows)
+    by_assignment[order] = rows
+    by_assignment = by_assignment.view(tokens, top_k, -1)
+    ascending = expert_ids.argsort(dim=1, stable=True)
+    routed = torch.zeros(tokens, rows.shape[-1], dtype=torch.float32, device=rows.device)
+    every_token = torch.arange(tokens, device=rows.device)
+    for j in range(top_k):
+        routed += by_assignment[every_token, ascending[:, j]].float()
+    return routed
+
+
 def experts_one_by_one(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.Tensor,
                        experts: ExpertWeights, swiglu_limit: float | None, fp4_linear: Callable) -> torch.Tensor:
     """The reference's loop with its FP4 projections done by ``fp4_linear`` (the benchmark passes the registry's

@@ -81,7 +81,7 @@ import torch
 from ... import envs
 from ..cache import cache_gather
 from ..fused import records_pool
-from ..moe import sort_by_expert
+from ..moe import combine_in_expert_order, sort_by_expert
 from ..quant import FP8_AMAX_FLOOR
 from ..reference import swiglu
 from ..registry import hookimpl
@@ -227,21 +227,27 @@ def _row_scales(scale: torch.Tensor, out_features: int) -> torch.Tensor:
     return scale.view(torch.uint8).repeat_interleave(MX_BLOCK, dim=0)[:out_features]
 
 
+def _mx_grouped_matmul(rows: torch.Tensor, sizes: torch.Tensor, weight: torch.Tensor, **mode) -> torch.Tensor:
+    """rows [M, in] sorted by group (sizes [G] int64 rows each) against group g's weight, as one npu_grouped_matmul
+    with M split and one output [M, out] in rows' dtype; the activation goes in as E4M3 per 32 columns. ``mode``:
+    the weight side's arguments (MxA8W8 or MxA8W4)."""
+    npu = _npu()
+    values, token_scale = _fp8_mx_quant(rows)
+    (y,) = npu.npu_grouped_matmul(
+        [values], [weight], per_token_scale=[token_scale], group_list=sizes, group_list_type=1, group_type=0,
+        split_item=2, output_dtype=rows.dtype, per_token_scale_dtype=npu.float8_e8m0fnu, **mode)
+    return y
+
+
 def _mx_grouped_fp8(x_rows: torch.Tensor, groups: int, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x_rows [groups * m, in], rows of group g the g-th m; weight E4M3 [out, in] whose g-th of ``groups`` row
-    blocks group g multiplies -> [groups * m, out / groups] in x's dtype, as one MxA8W8 npu_grouped_matmul (M split,
-    equal group sizes)."""
-    npu = _npu()
+    blocks group g multiplies -> [groups * m, out / groups]: MxA8W8 on the stored weight, transposed."""
     out_features, in_features = weight.shape
     rows = out_features // groups
-    values, token_scale = _fp8_mx_quant(x_rows)
     weight_scale = _row_scales(scale, out_features).view(groups, rows, in_features // (2 * MX_BLOCK), 2)
     sizes = torch.full((groups,), x_rows.shape[0] // groups, dtype=torch.int64, device=x_rows.device)
-    (y,) = npu.npu_grouped_matmul(
-        [values], [weight.view(groups, rows, in_features).transpose(1, 2)], scale=[weight_scale.transpose(1, 2)],
-        per_token_scale=[token_scale], group_list=sizes, group_list_type=1, group_type=0, split_item=2,
-        output_dtype=x_rows.dtype, scale_dtype=npu.float8_e8m0fnu, per_token_scale_dtype=npu.float8_e8m0fnu)
-    return y
+    return _mx_grouped_matmul(x_rows, sizes, weight.view(groups, rows, in_features).transpose(1, 2),
+                              scale=[weight_scale.transpose(1, 2)], scale_dtype=_npu().float8_e8m0fnu)
 
 
 def _mx_linear_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -273,18 +279,13 @@ def grouped_fp4_weight_layout(weight):
 
 
 def _mx_grouped_fp4(rows, sizes, weight, scale):
-    """rows [M, in] sorted by expert (sizes [E] rows each) @ expert e's FP4 weight [E, out, in/2] -> [M, out] in
-    rows' dtype: MxA8W4, the activation as E4M3 per 32 columns, the weight as laid out (NZ), transposed."""
-    npu = _npu()
+    """rows [M, in] sorted by expert (sizes [E] rows each) @ expert e's FP4 weight [E, out, in/2] -> [M, out]:
+    MxA8W4 on the weight as laid out (NZ), transposed, with its E8M0 row scales."""
     experts, out_features, packed = weight.shape
-    values, token_scale = _fp8_mx_quant(rows)
     weight_scale = scale.view(torch.uint8).view(experts, out_features, packed // MX_BLOCK, 2)
     no_bias = torch.zeros(experts, out_features, dtype=rows.dtype, device=rows.device)  # the mode requires one
-    (y,) = npu.npu_grouped_matmul(
-        [values], [weight.transpose(-2, -1)], bias=[no_bias], antiquant_scale=[weight_scale.transpose(-3, -2)],
-        per_token_scale=[token_scale], group_list=sizes, group_list_type=1, group_type=0, split_item=2,
-        output_dtype=rows.dtype, per_token_scale_dtype=npu.float8_e8m0fnu, weight_dtype=npu.float4_e2m1fn_x2)
-    return y
+    return _mx_grouped_matmul(rows, sizes, weight.transpose(-2, -1), bias=[no_bias],
+                              antiquant_scale=[weight_scale.transpose(-3, -2)], weight_dtype=_npu().float4_e2m1fn_x2)
 
 
 def _mx_experts_fit(x, experts) -> bool:
@@ -303,22 +304,14 @@ def moe_experts(x, route_weights, expert_ids, experts, swiglu_limit):
     (sizes from the device, no host read); the fp32 combine adds each token's experts in ascending expert id."""
     if not _mx_experts_fit(x, experts):
         return NotImplemented
-    tokens, k = expert_ids.shape
     _, order, bounds = sort_by_expert(expert_ids, experts.w1.shape[0])
     sizes = bounds.diff()
-    rows = x[order // k]
+    rows = x[order // expert_ids.shape[1]]
     gate = _mx_grouped_fp4(rows, sizes, experts.w1, experts.w1_scale)
     up = _mx_grouped_fp4(rows, sizes, experts.w3, experts.w3_scale)
     hidden = (swiglu(gate, up, swiglu_limit).float() * route_weights.reshape(-1)[order][:, None]).to(x.dtype)
-    down = _mx_grouped_fp4(hidden, sizes, experts.w2, experts.w2_scale).float()
-    per_slot = torch.empty_like(down)
-    per_slot[order] = down
-    by_expert = per_slot.view(tokens, k, -1).gather(
-        1, expert_ids.argsort(dim=1)[:, :, None].expand(-1, -1, down.shape[-1]))
-    routed = torch.zeros(tokens, down.shape[-1], dtype=torch.float32, device=x.device)
-    for slot in range(k):
-        routed += by_expert[:, slot]
-    return routed
+    down = _mx_grouped_fp4(hidden, sizes, experts.w2, experts.w2_scale)
+    return combine_in_expert_order(down, order, expert_ids)
 
 
 @hookimpl

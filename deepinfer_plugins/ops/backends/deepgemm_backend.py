@@ -48,7 +48,7 @@ import weakref
 
 import torch
 
-from ..moe import ExpertWeights, sort_by_expert
+from ..moe import ExpertWeights, combine_in_expert_order, sort_by_expert
 from ..quant import fp8_block_quant
 from ..reference import swiglu
 from ..registry import hookimpl
@@ -226,15 +226,7 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     hidden = (hidden.float() * route_weights[token, slot][:, None]).to(x.dtype)
     hidden_values, hidden_scales = fp8_block_quant(hidden, WEIGHT_BLOCK)
     down = _grouped_gemm(hidden_values, hidden_scales, *layout, experts.w2, experts.w2_scale, *tuning)
-    by_assignment = torch.empty_like(down)
-    by_assignment[order] = down
-    by_assignment = by_assignment.view(tokens, top_k, dim)
-    ascending = expert_ids.argsort(dim=1, stable=True)  # the reference's fp32 order: experts by id
-    routed = torch.zeros(tokens, dim, dtype=torch.float32, device=x.device)
-    every_token = torch.arange(tokens, device=x.device)
-    for j in range(top_k):
-        routed += by_assignment[every_token, ascending[:, j]].float()
-    return routed
+    return combine_in_expert_order(down, order, expert_ids)
 
 
 @hookimpl
