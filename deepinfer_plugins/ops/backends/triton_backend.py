@@ -1,8 +1,12 @@
 """Triton backend: registers a Triton launcher for every op that has one (triton_kernels/).
 
-Runs CUDA tensors compiled and CPU tensors under the interpreter (``TRITON_INTERPRET=1``, which must be set
-before the first dispatch). A call that Triton cannot run here (a CPU tensor without the interpreter, or an
-accelerator Triton does not target) is declined with one INFO line per op, and the reference runs it.
+Runs CUDA tensors compiled, NPU tensors compiled where the installed triton is triton-ascend (the Ascend
+backend's choice for the ops no torch_npu op covers), and CPU tensors under the interpreter
+(``TRITON_INTERPRET=1``, which must be set before the first dispatch). A call that Triton cannot run here (a CPU
+tensor without the interpreter, an accelerator the installed triton does not target, or a launch larger than
+an NPU takes) is declined with one INFO line per op, and the reference runs it. On an NPU a kernel that fails
+to compile (triton-ascend's compiler is not run in CI past its first stage) logs one warning, and the reference
+runs that op from then on.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import logging
 
 import torch
 import triton  # noqa: F401  (ImportError here marks the backend unavailable, with one INFO line)
+from triton.compiler.errors import TritonError
 
 from ..registry import hookimpl
 
@@ -38,7 +43,8 @@ OPS = {
 # (64 rows x 32768 entries; one program per row does 32 radix passes).
 FORCED_ONLY = {"topk_indices"}
 
-_fallback_logged: set[str] = set()
+_declined_logged: set[str] = set()
+_failed_to_compile: set[str] = set()
 
 
 def _first_tensor(args) -> torch.Tensor | None:
@@ -48,6 +54,13 @@ def _first_tensor(args) -> torch.Tensor | None:
     return None
 
 
+def _decline(op_name: str, why: str):
+    if op_name not in _declined_logged:
+        _declined_logged.add(op_name)
+        logger.info("triton declines op %r (%s); using the reference", op_name, why)
+    return NotImplemented
+
+
 def _make(op_name: str, module: str):
     launcher = None
 
@@ -55,16 +68,26 @@ def _make(op_name: str, module: str):
         nonlocal launcher
         if launcher is None:  # kernels are decorated (and the interpreter mode read) on first use
             launcher = getattr(importlib.import_module(f"{__package__}.triton_kernels.{module}"), op_name)
-        from .triton_kernels.common import can_run
+        from .triton_kernels import common
 
         first = _first_tensor(args)
-        if first is not None and not can_run(first):
-            if op_name not in _fallback_logged:
-                _fallback_logged.add(op_name)
-                logger.info("triton cannot run op %r on %s tensors (set TRITON_INTERPRET=1 for CPU); using the "
-                            "reference", op_name, first.device.type)
+        if first is not None and not common.can_run(first):
+            why = ("CPU tensors need TRITON_INTERPRET=1" if first.device.type == "cpu"
+                   else f"the installed triton does not target {first.device.type} tensors")
+            return _decline(op_name, why)
+        if op_name in _failed_to_compile:
             return NotImplemented
-        return launcher(*args, **kwargs)
+        try:
+            return launcher(*args, **kwargs)
+        except common.GridTooLarge as exc:
+            return _decline(op_name, str(exc))
+        except TritonError as exc:
+            if not common.TRITON_ASCEND or common.INTERPRETED:
+                raise
+            _failed_to_compile.add(op_name)
+            logger.warning("triton-ascend cannot compile op %r; the reference runs it from now on. %s: %s", op_name,
+                           type(exc).__name__, exc)
+            return NotImplemented
 
     run.__name__ = f"triton_{op_name}"
     return run

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, next_pow2, split_count, ue8m0_decode
+from .common import (INTERPRETED, TRITON_ASCEND, e2m1_decode, e4m3_decode, empty, launch_grid, next_pow2, split_count,
+                     ue8m0_decode)
 
 # Running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0 rather than NaN.
 EMPTY_MAX = tl.constexpr(-1.0e30)
@@ -95,10 +96,10 @@ def _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, H
     if SPLIT:
         split = tl.program_id(2)
         n_splits = tl.num_programs(2)
-        row = (t * n_splits + split) * H + h  # partials [T, splits, H, D], stats [T, splits, H, 2]
+        row = (t * n_splits + split) * H + h  # partials [T, splits, H, D], stats [2, T, splits, H]
         tl.store(part_ptr + row[:, None] * D + d[None, :], acc, mask=qmask)
-        tl.store(stat_ptr + row * 2, m, mask=hmask)
-        tl.store(stat_ptr + row * 2 + 1, l, mask=hmask)
+        tl.store(stat_ptr + row, m, mask=hmask)
+        tl.store(stat_ptr + tl.num_programs(0) * n_splits * H + row, l, mask=hmask)
     else:
         o = acc / l[:, None]
         tl.store(o_ptr + (t * H + h)[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=qmask)
@@ -132,7 +133,8 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, part_ptr, 
 @triton.jit
 def _fp8_values(codes, HW_FP8: tl.constexpr):
     """E4M3 bytes (uint8) -> fp32. Compiled, the hardware conversion (exact, and far fewer registers than the
-    integer decode over a [keys, 512] tile); the interpreter has no fp8 type, so it takes the integer decode."""
+    integer decode over a [keys, 512] tile); the interpreter has no fp8 type and triton-ascend rejects it, so
+    both take the integer decode."""
     if HW_FP8:
         return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     return e4m3_decode(codes.to(tl.int32))
@@ -196,8 +198,8 @@ def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, H, D, SPLITS: tl
     d = tl.arange(0, DP)
     smask = s < SPLITS
     row = (t * SPLITS + s) * H + h  # [SP]
-    m = tl.load(stat_ptr + row * 2, mask=smask, other=EMPTY_MAX)
-    l = tl.load(stat_ptr + row * 2 + 1, mask=smask, other=0.0)
+    m = tl.load(stat_ptr + row, mask=smask, other=EMPTY_MAX)
+    l = tl.load(stat_ptr + tl.num_programs(0) * SPLITS * H + row, mask=smask, other=0.0)
     sink = tl.load(sink_ptr + h).to(tl.float32)
     top = tl.maximum(tl.max(m, axis=0), sink)
     w = tl.exp(m - top)  # [SP]
@@ -236,6 +238,7 @@ def _run(kernel, q: torch.Tensor, sink: torch.Tensor, keys_args: tuple, k: int, 
     if t == 0:
         return out
     launch, grid, keys_per_split = _plan(q, k, config)
+    grid = launch_grid(*grid)
     launch.update(constexprs)
     pointers, sizes = keys_args
     sink = sink.float().contiguous()
@@ -244,11 +247,11 @@ def _run(kernel, q: torch.Tensor, sink: torch.Tensor, keys_args: tuple, k: int, 
                      float(softmax_scale), **launch)
         return out
     partials = torch.empty(t, grid[2], h, d, dtype=torch.float32, device=q.device)
-    stats = torch.empty(t, grid[2], h, 2, dtype=torch.float32, device=q.device)
+    stats = torch.empty(2, t, grid[2], h, dtype=torch.float32, device=q.device)  # running max, then running sum
     kernel[grid](q.contiguous(), *pointers, sink, out, partials, stats, h, d, *sizes, keys_per_split,
                  float(softmax_scale), **launch)
-    _combine_splits_kernel[(t, h)](partials, stats, sink, out, h, d, SPLITS=grid[2], SP=next_pow2(grid[2]),
-                                   DP=launch["DP"])
+    _combine_splits_kernel[launch_grid(t, h)](partials, stats, sink, out, h, d, SPLITS=grid[2], SP=next_pow2(grid[2]),
+                                              DP=launch["DP"])
     return out
 
 
@@ -275,4 +278,4 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
     config = config or (None if INTERPRETED else RECORDS_CONFIG)
     sizes = (w, c, window_cache.stride(0), compressed_cache.stride(0))
     return _run(_sparse_attention_records_kernel, q, sink, (pointers, sizes), w + c, softmax_scale, config,
-                HW_FP8=not INTERPRETED)
+                HW_FP8=not INTERPRETED and not TRITON_ASCEND)

@@ -7,13 +7,19 @@ references' bits.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.backends import backends
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# triton-ascend replaces the triton package, so its backend being installed means kernels compile for an NPU
+# (or run under its interpreter): no fp8 types, and at most ASCEND_MAX_PROGRAMS programs per launch.
+TRITON_ASCEND = "ascend" in backends
+ASCEND_MAX_PROGRAMS = 65535  # an Ascend kernel launch's block dimension is at most 65535
 
 # Tests set POISON = True: every output buffer starts as NaN (floats) or a sentinel (integers), so an element a
 # kernel forgets to write is caught.
@@ -37,8 +43,24 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def can_run(t: torch.Tensor) -> bool:
-    """Triton runs CUDA tensors compiled, CPU tensors only in interpreter mode."""
-    return t.is_cuda or (INTERPRETED and t.device.type == "cpu")
+    """Triton runs CUDA tensors compiled (NPU tensors where triton-ascend is the installed triton), CPU tensors
+    only in interpreter mode."""
+    if t.device.type == "cpu":
+        return INTERPRETED
+    return t.device.type == ("npu" if TRITON_ASCEND else "cuda")
+
+
+class GridTooLarge(Exception):
+    """A launch of more programs than the target takes; the op declines the call rather than launch it."""
+
+
+def launch_grid(*dims: int) -> tuple[int, ...]:
+    """A launch grid, checked against an NPU launch's limit (on CUDA the driver checks its own: 2^31 - 1 programs
+    along x, 65535 along y and z, which our launches keep to)."""
+    programs = math.prod(dims)
+    if TRITON_ASCEND and programs > ASCEND_MAX_PROGRAMS:
+        raise GridTooLarge(f"{programs} programs in one launch; an NPU launch takes at most {ASCEND_MAX_PROGRAMS}")
+    return dims
 
 
 def next_pow2(n: int) -> int:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, split_count, ue8m0_decode
+from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, launch_grid, split_count, ue8m0_decode
 
 SCALE_BLOCK = 32  # the checkpoint's scale granularity along K (and along N for FP8's 32x32 blocks)
 
@@ -203,13 +203,13 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, f
     if not INTERPRETED:
         launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
     partials = torch.empty(splits, rows, g * n, dtype=torch.float32, device=x.device) if splits > 1 else out
-    grid = (triton.cdiv(rows, bm), g * n_tiles, splits)
+    grid = launch_grid(triton.cdiv(rows, bm), g * n_tiles, splits)
     _linear_kernel[grid](x2, weight, scale, out, partials, rows, n, k, k_per_split, n_tiles, g * k, weight.shape[1],
                          0 if float_w else scale.shape[1], g * n, **launch)
     if splits > 1:
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(rows * g * n, block),)](partials, out, rows * g * n, SPLITS=splits,
-                                                                BLOCK=block)
+        _sum_splits_kernel[launch_grid(triton.cdiv(rows * g * n, block))](partials, out, rows * g * n, SPLITS=splits,
+                                                                          BLOCK=block)
     return out
 
 

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ...cache import record_bytes, to_device
-from .common import INTERPRETED, e2m1_decode, empty, next_pow2, ue8m0_decode
+from .common import INTERPRETED, e2m1_decode, empty, launch_grid, next_pow2, ue8m0_decode
 
 
 @triton.jit
@@ -103,7 +103,7 @@ def _scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, n: 
     bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
     dp = max(16, next_pow2(d))
     tiles = to_device(query_tiles(query_counts, tb), q.device) if query_counts is not None else None
-    _indexer_scores_kernel[(triton.cdiv(t, tb) if tiles is None else tiles.shape[0], triton.cdiv(n, bn))](
+    _indexer_scores_kernel[launch_grid(triton.cdiv(t, tb) if tiles is None else tiles.shape[0], triton.cdiv(n, bn))](
         q.contiguous(), head_weights.contiguous(), keys, slots if slots is not None else keys,
         tiles if tiles is not None else keys, out, t, h, d, n, key_stride, TB=tb, HP=hp, DP=dp,
         BD=dp if INTERPRETED else min(dp, 64), BN=bn, BF16_DOT=not INTERPRETED, RECORDS=slots is not None,
@@ -189,7 +189,7 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     if t == 0 or k == 0:
         return out
     bn = max(16, min(next_pow2(max(n, k)), 4096 if INTERPRETED else 1024))
-    _topk_kernel[(t,)](scores.float().contiguous(), out, n, k, BN=bn)
+    _topk_kernel[launch_grid(t)](scores.float().contiguous(), out, n, k, BN=bn)
     return out
 
 
@@ -231,11 +231,11 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, block_size: int,
     if bs != block_size:
         raise ValueError(f"candidate block size {block_size} must be a power of two for the Triton pre-filter")
     bb = max(1, min(next_pow2(n_blocks), 256))
-    _block_max_kernel[(t, triton.cdiv(n_blocks, bb))](scores.float().contiguous(), visible.contiguous(),
-                                                     block_scores, n, n_blocks, BS=block_size, BB=bb)
+    _block_max_kernel[launch_grid(t, triton.cdiv(n_blocks, bb))](scores.float().contiguous(), visible.contiguous(),
+                                                                 block_scores, n, n_blocks, BS=block_size, BB=bb)
     ids = topk_indices(block_scores, top_blocks)  # kept blocks; -inf blocks come back as -1
     bbn = max(16, min(next_pow2(n), 4096 if INTERPRETED else 1024))
-    _expand_mask_kernel[(t, triton.cdiv(n, bbn))](ids, out, n, ids.shape[1], BS=block_size, BB=bbn)
+    _expand_mask_kernel[launch_grid(t, triton.cdiv(n, bbn))](ids, out, n, ids.shape[1], BS=block_size, BB=bbn)
     return out.bool()
 
 

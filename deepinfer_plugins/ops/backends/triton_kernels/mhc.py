@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, next_pow2, split_count
+from .common import INTERPRETED, empty, launch_grid, next_pow2, split_count
 
 
 @triton.jit
@@ -39,7 +39,8 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     t, s, _ = logits.shape
     out = empty(logits.shape, torch.float32, logits.device)
     if t:
-        _sinkhorn_kernel[(t,)](logits.float().contiguous(), out, s, iters, float(eps), SP=max(2, next_pow2(s)))
+        _sinkhorn_kernel[launch_grid(t)](logits.float().contiguous(), out, s, iters, float(eps),
+                                         SP=max(2, next_pow2(s)))
     return out
 
 
@@ -91,9 +92,10 @@ def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_p
     o = tl.arange(0, SP)[None, :]
     valid = (i < S) & (o < S)
     logit_at = 2 * S + i * S + o  # [SP, SP]: row of fn / base of comb logit (i, o)
-    comb_parts = tl.load(part_ptr + (t * SPLITS + split[:, None, None]) * MP + logit_at[None, :, :],
-                         mask=(split[:, None, None] < SPLITS) & valid[None, :, :], other=0.0)
-    comb_logits = tl.load(base_ptr + logit_at, mask=valid, other=0.0) + tl.sum(comb_parts, axis=0) * inv_rms * g2
+    # mix[logit_at] as a select over the [MP] vector in registers: a second load of the partials as an
+    # [SPLITS, SP, SP] tile crashes triton-ascend's adapter for some split counts (4, 20)
+    comb_mix = tl.sum(tl.where(m[None, None, :] == logit_at[:, :, None], mix[None, None, :], 0.0), axis=2)
+    comb_logits = tl.load(base_ptr + logit_at, mask=valid, other=0.0) + comb_mix * g2
     tl.store(comb_ptr + t * S * S + i * S + o, _sinkhorn_tile(comb_logits, valid, iters, hc_eps), mask=valid)
 
 
@@ -115,11 +117,12 @@ def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_ep
         splits = triton.cdiv(k, k_per_split)
         partials = torch.empty(t, splits, mp, dtype=torch.float32, device=streams.device)
         squares = torch.empty(t, splits, dtype=torch.float32, device=streams.device)
-        _hc_mix_partial_kernel[(t, splits)](streams.contiguous(), fn.float().contiguous(), partials, squares, k, mm,
-                                            k_per_split, MP=mp, BK=bk)
-        _hc_mix_finish_kernel[(t,)](partials, squares, base.float().contiguous(), scale.float().contiguous(), pre,
-                                    post, comb, s, k, iters, float(hc_eps), float(norm_eps), SPLITS=splits,
-                                    SPLITS_P=next_pow2(splits), MP=mp, SP=max(2, next_pow2(s)))
+        _hc_mix_partial_kernel[launch_grid(t, splits)](streams.contiguous(), fn.float().contiguous(), partials,
+                                                       squares, k, mm, k_per_split, MP=mp, BK=bk)
+        _hc_mix_finish_kernel[launch_grid(t)](partials, squares, base.float().contiguous(),
+                                              scale.float().contiguous(), pre, post, comb, s, k, iters, float(hc_eps),
+                                              float(norm_eps), SPLITS=splits, SPLITS_P=next_pow2(splits), MP=mp,
+                                              SP=max(2, next_pow2(s)))
     return pre, post, comb
 
 
@@ -140,7 +143,8 @@ def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     out = empty((t, d), streams.dtype, streams.device)
     if t:
         bd = min(next_pow2(d), 8192 if INTERPRETED else 1024)
-        _hc_collapse_kernel[(t, triton.cdiv(d, bd))](streams.contiguous(), pre.float().contiguous(), out, s, d, BD=bd)
+        _hc_collapse_kernel[launch_grid(t, triton.cdiv(d, bd))](streams.contiguous(), pre.float().contiguous(), out,
+                                                                s, d, BD=bd)
     return out
 
 
@@ -172,9 +176,9 @@ def hc_collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight, eps: floa
     if t:
         bd = next_pow2(d)
         launch = {} if INTERPRETED else dict(num_warps=max(4, min(16, bd // 512)))
-        _hc_collapse_norm_kernel[(t,)](streams.contiguous(), pre.float().contiguous(),
-                                       weight if weight is not None else streams, out, s, d, float(eps),
-                                       HAS_W=weight is not None, BD=bd, **launch)
+        _hc_collapse_norm_kernel[launch_grid(t)](streams.contiguous(), pre.float().contiguous(),
+                                                 weight if weight is not None else streams, out, s, d, float(eps),
+                                                 HAS_W=weight is not None, BD=bd, **launch)
     return out
 
 
@@ -201,6 +205,7 @@ def hc_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb
     res = empty(streams.shape, streams.dtype, streams.device)
     if t:
         bd = min(next_pow2(d), 4096 if INTERPRETED else 256)
-        _hc_expand_kernel[(t, triton.cdiv(d, bd))](streams.contiguous(), out.contiguous(), post.float().contiguous(),
-                                                   comb.float().contiguous(), res, s, d, SP=max(2, next_pow2(s)), BD=bd)
+        _hc_expand_kernel[launch_grid(t, triton.cdiv(d, bd))](streams.contiguous(), out.contiguous(),
+                                                              post.float().contiguous(), comb.float().contiguous(), res,
+                                                              s, d, SP=max(2, next_pow2(s)), BD=bd)
     return res

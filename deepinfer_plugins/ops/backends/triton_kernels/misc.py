@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, next_pow2
+from .common import INTERPRETED, empty, launch_grid, next_pow2
 
 
 @triton.jit
@@ -33,32 +33,34 @@ def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     out = empty(x.shape, x.dtype, x.device)
     rows = x.numel() // max(n, 1)
     if rows:
-        _rms_norm_kernel[(rows,)](x.contiguous(), weight if weight is not None else x, out, n, float(eps),
-                                  HAS_W=weight is not None, BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
+        _rms_norm_kernel[launch_grid(rows)](x.contiguous(), weight if weight is not None else x, out, n, float(eps),
+                                            HAS_W=weight is not None,
+                                            BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
     return out
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, BC: tl.constexpr):
-    """Row r of x [T*M, C] (token r // M): copy the first C - 2*HALF channels, rotate the interleaved pairs."""
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, BC: tl.constexpr, BH: tl.constexpr):
+    """Row r of x [T*M, C] (token r // M): copy the first C - 2*HALF channels, rotate the interleaved pairs.
+    The pairs are read and written as one dense [BH, 2] tile (not as two stride-2 vectors, whose masked
+    accesses triton-ascend's adapter cannot lower)."""
     r = tl.program_id(0).to(tl.int64)
     t = r // M
     c = tl.arange(0, BC)
     nope = C - 2 * HALF
     x = tl.load(x_ptr + r * C + c, mask=c < nope, other=0.0)
     tl.store(out_ptr + r * C + c, x, mask=c < nope)
-    k = tl.arange(0, BC)
+    k = tl.arange(0, BH)
     km = k < HALF
-    re = tl.load(x_ptr + r * C + nope + 2 * k, mask=km, other=0.0).to(tl.float32)
-    im = tl.load(x_ptr + r * C + nope + 2 * k + 1, mask=km, other=0.0).to(tl.float32)
+    pair = nope + 2 * k[:, None] + tl.arange(0, 2)[None, :]  # [BH, 2]
+    re, im = tl.split(tl.load(x_ptr + r * C + pair, mask=km[:, None], other=0.0).to(tl.float32))
     cs = tl.load(cos_ptr + t * HALF + k, mask=km, other=0.0)
     sn = tl.load(sin_ptr + t * HALF + k, mask=km, other=0.0)
     a = re * cs
     b = im * sn
     e = re * sn
     f = im * cs
-    tl.store(out_ptr + r * C + nope + 2 * k, (a - b).to(out_ptr.dtype.element_ty), mask=km)
-    tl.store(out_ptr + r * C + nope + 2 * k + 1, (e + f).to(out_ptr.dtype.element_ty), mask=km)
+    tl.store(out_ptr + r * C + pair, tl.join(a - b, e + f).to(out_ptr.dtype.element_ty), mask=km[:, None])
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -73,7 +75,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inver
     out = empty(x.shape, x.dtype, x.device)
     rows = x.numel() // max(c, 1)
     if rows:
-        _rope_kernel[(rows,)](x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, BC=next_pow2(c))
+        _rope_kernel[launch_grid(rows)](x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, BC=next_pow2(c),
+                                        BH=next_pow2(half))
     return out
 
 
@@ -99,9 +102,9 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit) -> torch.Tensor:
     n = gate.numel()
     if n:
         bn = min(next_pow2(n), 65536 if INTERPRETED else 1024)
-        _swiglu_kernel[(triton.cdiv(n, bn),)](gate.contiguous(), up.contiguous(), out, n,
-                                              float(limit) if limit is not None else 0.0,
-                                              HAS_LIMIT=limit is not None, BN=bn)
+        _swiglu_kernel[launch_grid(triton.cdiv(n, bn))](gate.contiguous(), up.contiguous(), out, n,
+                                                        float(limit) if limit is not None else 0.0,
+                                                        HAS_LIMIT=limit is not None, BN=bn)
     return out
 
 
@@ -134,8 +137,8 @@ def sqrtsoftplus_route(logits: torch.Tensor, correction_bias: torch.Tensor, top_
     ids = empty((t, top_k), torch.int64, logits.device)
     if t:
         bias = correction_bias.float().contiguous()
-        _route_kernel[(t,)](logits.float().contiguous(), bias, weights, ids, e, e if bias.dim() == 2 else 0,
-                            float(routed_scale), K=top_k, KP=next_pow2(top_k), EP=next_pow2(e))
+        _route_kernel[launch_grid(t)](logits.float().contiguous(), bias, weights, ids, e, e if bias.dim() == 2 else 0,
+                                      float(routed_scale), K=top_k, KP=next_pow2(top_k), EP=next_pow2(e))
     return weights, ids
 
 
@@ -163,9 +166,9 @@ def engram_hash(ngram_tokens, multipliers, primes, offsets) -> torch.Tensor:
     out = empty((t, (g - 1) * heads), torch.int64, ngram_tokens.device)
     if t:
         bt = min(next_pow2(t), 1024 if INTERPRETED else 128)
-        _engram_hash_kernel[(triton.cdiv(t, bt),)](ngram_tokens.long().contiguous(), multipliers.long().contiguous(),
-                                                   primes.long().contiguous(), offsets.long().contiguous(), out, t, g,
-                                                   heads, BT=bt, HP=next_pow2(heads))
+        _engram_hash_kernel[launch_grid(triton.cdiv(t, bt))](
+            ngram_tokens.long().contiguous(), multipliers.long().contiguous(), primes.long().contiguous(),
+            offsets.long().contiguous(), out, t, g, heads, BT=bt, HP=next_pow2(heads))
     return out
 
 
@@ -215,9 +218,9 @@ def engram_gate(streams, key, value, w, eps: float) -> torch.Tensor:
     if value.stride(-1) != 1:
         value = value.contiguous()
     if t:
-        _engram_gate_kernel[(t * s,)](streams.contiguous(), key, value, w.contiguous(), out, s, d, key.stride(0),
-                                      value.stride(0), float(eps), 1.0 / math.sqrt(d),
-                                      BD=min(next_pow2(d), 8192 if INTERPRETED else 1024))
+        _engram_gate_kernel[launch_grid(t * s)](streams.contiguous(), key, value, w.contiguous(), out, s, d,
+                                                key.stride(0), value.stride(0), float(eps), 1.0 / math.sqrt(d),
+                                                BD=min(next_pow2(d), 8192 if INTERPRETED else 1024))
     return out
 
 
@@ -247,7 +250,7 @@ def csa2_compress(values, gates, ratio: int, norm_weight, eps: float, dtype: tor
     groups = n // ratio
     out = empty((groups, c), dtype, values.device)
     if groups:
-        _csa2_kernel[(groups,)](values.float().contiguous(), gates.float().contiguous(),
-                                norm_weight if norm_weight is not None else values, out, ratio, c, float(eps),
-                                HAS_W=norm_weight is not None, RP=max(2, next_pow2(ratio)), CP=next_pow2(c))
+        _csa2_kernel[launch_grid(groups)](values.float().contiguous(), gates.float().contiguous(),
+                                          norm_weight if norm_weight is not None else values, out, ratio, c, float(eps),
+                                          HAS_W=norm_weight is not None, RP=max(2, next_pow2(ratio)), CP=next_pow2(c))
     return out

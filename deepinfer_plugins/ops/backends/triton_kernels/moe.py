@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ...moe import ExpertWeights, sort_by_expert
-from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty
+from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty, launch_grid
 from .gemm import SCALE_BLOCK, accumulate_dot, apply_block_scale, fp4_codes
 from .misc import swiglu_values
 
@@ -186,14 +186,15 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     if not INTERPRETED:
         launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
     tables = (order, block_expert, block_row0, block_row_end)
-    _moe_gate_up_kernel[(blocks, triton.cdiv(inter, config.block_n))](
+    _moe_gate_up_kernel[launch_grid(blocks, triton.cdiv(inter, config.block_n))](
         x, route_weights.float().contiguous(), *tables, *weights, act, dim, inter,
         float(swiglu_limit or 0.0), TOP_K=top_k, HAS_LIMIT=swiglu_limit is not None, BN=config.block_n, **launch)
     down_n = config.block_n  # narrower output tiles when the blocks alone leave multiprocessors idle
     while down_n > 32 and blocks * triton.cdiv(dim, down_n) < ONE_WAVE_PROGRAMS and not INTERPRETED:
         down_n //= 2
-    _moe_down_kernel[(blocks, triton.cdiv(dim, down_n))](act, *tables, w2, s2, y, dim, inter, BN=down_n, **launch)
+    _moe_down_kernel[launch_grid(blocks, triton.cdiv(dim, down_n))](act, *tables, w2, s2, y, dim, inter, BN=down_n,
+                                                                    **launch)
     slot_order = expert_ids.argsort(dim=1, stable=True)
-    _moe_combine_kernel[(tokens, triton.cdiv(dim, COMBINE_BLOCK))](y, slot_order, out, dim, TOP_K=top_k,
-                                                                    BLOCK=COMBINE_BLOCK)
+    _moe_combine_kernel[launch_grid(tokens, triton.cdiv(dim, COMBINE_BLOCK))](y, slot_order, out, dim, TOP_K=top_k,
+                                                                              BLOCK=COMBINE_BLOCK)
     return out

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ...cache import CACHE_FORMATS, record_bytes
-from .common import (INTERPRETED, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, next_pow2, pow2_ceil,
-                     pow2_reciprocal, ue8m0_decode)
+from .common import (INTERPRETED, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, launch_grid, next_pow2,
+                     pow2_ceil, pow2_reciprocal, ue8m0_decode)
 
 FP8, NVFP4, MXFP4 = 0, 1, 2
 FMT_ID = {"fp8_window": FP8, "nvfp4": NVFP4, "mxfp4": MXFP4}
@@ -130,7 +130,7 @@ def _launch_quantize(x: torch.Tensor, block: int, fmt: int, mode: int, out=None,
     blk_p = max(2, next_pow2(block))
     nb = min(next_pow2(n_blocks), max(1, (16384 if INTERPRETED else 2048) // blk_p))
     dummy = x
-    _quantize_kernel[(triton.cdiv(n_blocks, nb),)](
+    _quantize_kernel[launch_grid(triton.cdiv(n_blocks, nb))](
         x, out if out is not None else dummy, scales if scales is not None else dummy,
         records if records is not None else dummy, slots if slots is not None else dummy,
         n_blocks, d, record_len, BLK=block, BLK_P=blk_p, NB=nb, FMT=fmt, MODE=mode, HAS_SLOTS=slots is not None)
@@ -198,7 +198,7 @@ def _launch_dequant(data, scale, scale_kind, ids, n_rows, d, data_stride, scale_
         return out
     bd = min(next_pow2(d), 1024)
     rb = max(1, min(next_pow2(n_rows), (16384 if INTERPRETED else 4096) // bd))
-    grid = (triton.cdiv(n_rows, rb), triton.cdiv(d, bd))
+    grid = launch_grid(triton.cdiv(n_rows, rb), triton.cdiv(d, bd))
     _dequant_kernel[grid](data, scale, ids if ids is not None else data, out, n_rows, d, data_stride, scale_stride,
                           scale_off, srow, BLK=block, RB=rb, BD=bd, FP4=fp4, SCALE_KIND=scale_kind,
                           HAS_IDS=ids is not None)
