@@ -130,8 +130,9 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
                 launch.call()
             except Exception as exc:
                 where = traceback.extract_tb(exc.__traceback__)[-1]
-                text = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("#")]
-                message = "\n".join(text[-12:])
+                text = [line for line in str(exc).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+                causes = [line for line in text if re.search(r"error|assertion|failed", line, re.IGNORECASE)]
+                message = "\n".join((causes or text)[-12:])  # the adapter's own words, not its stack dump
                 failures.append(f"{path} {launch.label}: {type(exc).__name__} (raised at {where.filename}:"
                                 f"{where.lineno}):\n{message}\n")
                 continue
