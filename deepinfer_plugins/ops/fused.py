@@ -101,6 +101,20 @@ def records_pool(window_cache: torch.Tensor, window_slots: torch.Tensor, compres
     return pool, indices
 
 
+def records_pool_per_reference(window_cache: torch.Tensor, window_slots: torch.Tensor, compressed_cache: torch.Tensor,
+                               compressed_slots: torch.Tensor, dim: int, dtype: torch.dtype,
+                               gather: Callable = cache_gather.reference) -> tuple[torch.Tensor, torch.Tensor]:
+    """``records_pool`` with a pool row per reference ([T * (W + C), dim], row t's keys in its own order) instead
+    of one per distinct key: the pool's size follows from the shapes, so nothing is read on the host (counting the
+    distinct keys is one device sync), at the cost of decoding a key once per row that reads it, which a batch of
+    decodes (rows of different sequences) does anyway."""
+    pool = torch.cat((gather(window_cache, window_slots, "fp8_window", dim, dtype),
+                      gather(compressed_cache, compressed_slots, "nvfp4", dim, dtype)), dim=1)  # [T, W + C, dim]
+    slots = torch.cat((window_slots, compressed_slots), dim=1)
+    rows = torch.arange(slots.numel(), device=slots.device).view(slots.shape)
+    return pool.reshape(-1, dim), torch.where(slots >= 0, rows, -1)
+
+
 @registry.reference("sparse_attention_records")
 def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
                              compressed_cache: torch.Tensor, compressed_slots: torch.Tensor, sink: torch.Tensor,

@@ -2,9 +2,10 @@
 
 ``torch_npu`` is imported inside each call, never at import or discovery, so this module loads on any machine.
 It registers only where ``torch.npu`` exists (torch_npu installed and its backend auto-loaded); elsewhere the
-registry logs one INFO line. Ops without a fused NPU op run the reference, which is plain torch and runs on
-NPU tensors as is; a mapped op called outside the NPU op's documented limits (dtype, n, D, k) declines
-(``NotImplemented``) and the reference runs it.
+registry logs one INFO line. An op without a fused NPU op is not mapped here ("left to the next backend"
+below), and neither is a call outside the NPU op's documented limits (dtype, n, D, k), which declines
+(``NotImplemented``): the Triton backend runs it where triton-ascend is the installed triton, else the reference
+(plain torch, which runs on NPU tensors as is).
 
 Mappings (none has run on Ascend hardware; kernels/ascend/tests check the calls with a fake torch_npu that
 computes each op's documented formula). "Documented" = the torch_npu API page (prototype, formula, shapes);
@@ -12,8 +13,11 @@ where the op-plugin's own CPU golden was the only source, the line says so.
   * sparse_attention -> npu_sparse_flash_attention, layout TND, key = value = the latent pool, sparse_block_size 1,
     with the softmax LSE returned; the sink (not an NPU argument) is folded in afterwards:
     o = o_nosink * sigmoid(lse - sink), exact for a sink whose value vector is zero.
-  * sparse_attention_records (the model's attention over its cache records) -> the distinct keys decoded once
-    into a pool (``records_pool``, as the reference does), then the sparse_attention mapping.
+  * sparse_attention_records (the model's attention over its cache records) -> the keys decoded into a bf16 pool,
+    then the sparse_attention mapping. Up to STATIC_POOL_MAX_REFERENCES references (a decode batch) a pool row
+    per reference (``records_pool_per_reference``: no host read); above (a prefill, where rows share their keys
+    and a row per reference would not fit) each distinct key once (``records_pool``, as the reference; counting
+    them is one device sync).
   * sinkhorn -> npu_mhc_sinkhorn(logits fp32 [T, n, n], eps, num_iters), n in {4, 6, 8}. Documented: the op starts
     with softmax(x, dim=-1) + eps, so it takes the logits, and returns (y, norm_out, sum_out).
   * hc_coefficients -> npu_mhc_pre(x, phi=fn, alpha=scale, bias=base, norm_eps, hc_eps, out_flag=1) then
@@ -21,11 +25,11 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     h_pre = sigmoid(.) + hc_eps and h_post = 2 sigmoid(.) (our pre/post), h_res = the comb logits without
     Sinkhorn, fn rows ordered pre, post, res; h_pre only exists with out_flag=1; x only bf16/fp16, n in {4, 6, 8},
     D a multiple of 16 up to 16384. Its h_in (the collapse) is dropped: the model collapses each site's streams
-    with the pre weights of the previous site (model.py), so hc_collapse stays on the reference.
+    with the pre weights of the previous site (model.py), so hc_collapse is left to the next backend.
   * hc_expand -> npu_mhc_post(x=streams, h_res=comb, h_out=out, h_post=post), documented as
     x' = H_res^T x + h_out (x) h_post (the op-plugin golden sums h_res[i, o] * x[i] over i, our comb[i, o]);
     x and h_out bf16/fp16 of one dtype, result in x's dtype.
-  * sqrtsoftplus_route stays on the reference. npu_moe_gating_top_k scores with softmax (norm_type 0) or sigmoid
+  * sqrtsoftplus_route is left to the next backend. npu_moe_gating_top_k scores with softmax (norm_type 0) or sigmoid
     (norm_type 1) only, and no mode takes scores as they are. softmax(log s) = s / sum(s) would need the bias
     divided by a per-token sum, but the op's bias is one [E] vector; sigmoid(logit(s / c)) = s / c holds only up
     to fp32 rounding, which can swap two experts whose biased scores are that close. The router is [T, 256] with
@@ -49,7 +53,7 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     scale_alg 1, max_low_bound = our amax floor). Documented: scale_alg 1 takes amax (raised to max_low_bound) /
     448 and rounds its exponent up unless the mantissa is zero, i.e. our power-of-two ceiling, and divides by that
     power of two before a round-to-nearest-even cast: the reference bit for bit. The scales come back as E8M0
-    exponent bytes [..., ceil(n/32 / 2), 2], zero-padded to an even count. mxfp4_fake_quant stays on the reference:
+    exponent bytes [..., ceil(n/32 / 2), 2], zero-padded to an even count. mxfp4_fake_quant is left to the next backend:
     the FP4 rules (scale_alg 0 and 2) take floor(log2 amax) - 2 or a mantissa-dependent ceiling, not ours.
   * linear_fp8 / linear_fp8_grouped -> npu_grouped_matmul, MX full quantisation (MxA8W8, formula 5 of its page):
     activations by the fp8_block_quant mapping above (E4M3 per token per 32 columns, as DeepGEMM's SM100 path),
@@ -57,7 +61,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     scales repeated to one per row and 32 columns ((G, N, K/64, 2) E8M0 bytes, transposed with the weight),
     group_type 0 (M split) with equal group sizes (group_list_type 1), split_item 2, output in x's dtype. linear_fp8
     is the one-group case, wo_a's grouped projection G groups of its tokens. in_features must be a multiple of 64
-    (the scale pairs). The row scales are rebuilt per call (1/32 of the weight's bytes).
+    (the scale pairs). The row scales (1/32 of the weight's bytes) are built on the first call and kept on the
+    scale tensor until it changes in place.
   * grouped_fp4_weight_layout -> npu_format_cast(w, 29 (FRACTAL_NZ), customize_dtype=E4M3,
     input_dtype=float4_e2m1fn_x2), the cast every MxA8W4 example of npu_grouped_matmul's page applies to its
     [E, N, K/2] packed weight; the model runs it once after loading and keeps the result as the parameter's data.
@@ -70,8 +75,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     Limits from the page: E > 1, K a multiple of 64 other than 64, bf16 / fp16 x. Assumed, not stated on the
     page: the packed weight's nibble order (an aclnn example puts the even element in the low four bits, as the
     checkpoint does).
-  * linear_fp4 stays on the reference (the model's FP4 weights are the routed experts). linear_to_fp32 stays on
-    the reference: torch_npu registers no ``mm`` with an ``out_dtype``.
+  * linear_fp4 is left to the next backend (the model's FP4 weights are the routed experts), and so is
+    linear_to_fp32: torch_npu registers no ``mm`` with an ``out_dtype``.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ import torch
 
 from ... import envs
 from ..cache import cache_gather
-from ..fused import records_pool
+from ..fused import records_pool, records_pool_per_reference
 from ..moe import combine_in_expert_order, sort_by_expert
 from ..quant import FP8_AMAX_FLOOR
 from ..reference import swiglu
@@ -92,6 +97,7 @@ MX_BLOCK = 32
 FRACTAL_NZ = 29  # torch_npu's format id for the tiled layout its GEMMs read
 MHC_STREAMS = (4, 6, 8)
 PAGE_ROWS = 128  # key rows per PA_BSND block: a multiple of 16, at most 1024
+STATIC_POOL_MAX_REFERENCES = 65536  # a 64 MiB bf16 pool at D = 512: a decode batch of ~100 rows of 640 keys
 
 
 def _npu():
@@ -115,10 +121,12 @@ def sparse_attention(q, kv_pool, indices, sink, softmax_scale):
 
 
 def sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots, sink, softmax_scale):
-    """The model's attention: the batch's distinct keys decoded once into a pool (as the reference does), then
-    the npu_sparse_flash_attention mapping above instead of the reference's attention."""
-    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype,
-                                 gather=cache_gather)
+    """The model's attention: the keys decoded into a pool (per reference for a decode batch, per distinct key
+    above STATIC_POOL_MAX_REFERENCES), then the npu_sparse_flash_attention mapping above."""
+    per_reference = window_slots.numel() + compressed_slots.numel() <= STATIC_POOL_MAX_REFERENCES
+    pooling = records_pool_per_reference if per_reference else records_pool
+    pool, indices = pooling(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype,
+                            gather=cache_gather)
     return sparse_attention(q, pool, indices, sink, softmax_scale)
 
 
@@ -221,10 +229,24 @@ def fp8_fake_quant(x, block=32):
     return (values.float().unflatten(-1, (-1, MX_BLOCK)) * scale.unsqueeze(-1)).flatten(-2).to(x.dtype)
 
 
+def _kept_on(tensor: torch.Tensor, key, build):
+    """``build()``, made once per tensor and kept on it until the tensor changes (its version counter moves, or
+    its storage: a parameter whose ``.data`` was replaced): a weight's NPU-side companion that every call would
+    otherwise rebuild, each step, from the same weight. A copy of the tensor (``.to()``) starts without it."""
+    kept = tensor.__dict__.setdefault("_deepinfer_ascend", {})
+    state = (tensor._version, tensor.data_ptr())
+    built_for, value = kept.get(key, (None, None))
+    if built_for != state:
+        value = build()
+        kept[key] = (state, value)
+    return value
+
+
 def _row_scales(scale: torch.Tensor, out_features: int) -> torch.Tensor:
     """The checkpoint's 32x32 block scales [ceil(out / 32), in / 32] as one scale per row and 32 columns, the
-    MX weight layout (exact: a block's rows share its scale). 1/32 of the weight's bytes, rebuilt per call."""
-    return scale.view(torch.uint8).repeat_interleave(MX_BLOCK, dim=0)[:out_features]
+    MX weight layout (exact: a block's rows share its scale): 1/32 of the weight's bytes, kept with the scales."""
+    return _kept_on(scale, ("mx_row_scales", out_features),
+                    lambda: scale.view(torch.uint8).repeat_interleave(MX_BLOCK, dim=0)[:out_features])
 
 
 def _mx_grouped_matmul(rows: torch.Tensor, sizes: torch.Tensor, weight: torch.Tensor, **mode) -> torch.Tensor:
@@ -283,7 +305,8 @@ def _mx_grouped_fp4(rows, sizes, weight, scale):
     MxA8W4 on the weight as laid out (NZ), transposed, with its E8M0 row scales."""
     experts, out_features, packed = weight.shape
     weight_scale = scale.view(torch.uint8).view(experts, out_features, packed // MX_BLOCK, 2)
-    no_bias = torch.zeros(experts, out_features, dtype=rows.dtype, device=rows.device)  # the mode requires one
+    no_bias = _kept_on(weight, ("zero_bias", rows.dtype),  # the mode requires one
+                       lambda: torch.zeros(experts, out_features, dtype=rows.dtype, device=rows.device))
     return _mx_grouped_matmul(rows, sizes, weight.transpose(-2, -1), bias=[no_bias],
                               antiquant_scale=[weight_scale.transpose(-3, -2)], weight_dtype=_npu().float4_e2m1fn_x2)
 

@@ -16,11 +16,12 @@ import types
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from deepinfer_plugins import ops
 from deepinfer_plugins.ops.backends import ascend_backend
 from deepinfer_plugins.ops.quant import quantize_fp8_weight
-from integration_tests.host_reads import ModuleCalls
+from integration_tests.host_reads import HOST_READS, PACKAGE, ModuleCalls
 from tests.ops.gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL,
                                     fp8_activation_linear, rel_err, routing, stacked_fp4_experts)
 
@@ -152,7 +153,7 @@ class FakeNpu(types.ModuleType):
         (weight_scale,) = antiquant_scale if mx_fp4 else scale
         self.calls.append(dict(x=(x.shape, x.dtype), weight=(weight.shape, weight.dtype, weight.stride()),
                                token_scale=token_scale.shape, group_list=group_list.tolist(),
-                               output_dtype=output_dtype, mode="MxA8W4" if mx_fp4 else "MxA8W8"))
+                               output_dtype=output_dtype, mode="MxA8W4" if mx_fp4 else "MxA8W8", bias=bias))
         assert x.dtype == torch.float8_e4m3fn and x.dim() == 2 and x.is_contiguous()
         stored = weight.transpose(1, 2)
         assert stored.is_contiguous()
@@ -216,7 +217,24 @@ def test_sparse_attention_call_and_sink_fold_in(npu):
     assert (out[1] == 0).all()
 
 
-def test_records_attention_pools_the_distinct_keys_then_calls_the_npu_op(npu):
+class PackageHostReads(TorchFunctionMode):
+    """Host reads made by any of the package's code, its ops included (not by the fake torch_npu)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS and sys._getframe(1).f_code.co_filename.startswith(str(PACKAGE)):
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("per_reference", [True, False])
+def test_records_attention_pools_the_keys_then_calls_the_npu_op(npu, monkeypatch, per_reference):
+    """A decode-sized batch pools a row per reference and reads nothing on the host; above the bound (a prefill)
+    each distinct key is decoded once, which costs one sync. Both give the reference's attention."""
     g = torch.Generator().manual_seed(5)
     window = ops.pack_cache_records(torch.randn(40, 64, generator=g), "fp8_window")
     compressed = ops.pack_cache_records(torch.randn(90, 64, generator=g), "nvfp4")
@@ -226,9 +244,15 @@ def test_records_attention_pools_the_distinct_keys_then_calls_the_npu_op(npu):
     compressed_slots[::3, -4:] = -1
     q, sink = torch.randn(6, 8, 64, generator=g), torch.randn(8, generator=g)
     args = (q, window, window_slots, compressed, compressed_slots, sink, 0.125)
-    got = ascend_backend.sparse_attention_records(*args)
+    if not per_reference:
+        monkeypatch.setattr(ascend_backend, "STATIC_POOL_MAX_REFERENCES", 6 * 40 - 1)
+    watch = PackageHostReads()
+    with watch:
+        got = ascend_backend.sparse_attention_records(*args)
     distinct = torch.unique(torch.cat((window_slots, compressed_slots + 40 * (compressed_slots >= 0)), 1))
-    assert npu.calls[-1][0] == "npu_sparse_flash_attention" and npu.calls[-1][2][0] == (distinct >= 0).sum()
+    pool_rows = 6 * 40 if per_reference else (distinct >= 0).sum()
+    assert npu.calls[-1][0] == "npu_sparse_flash_attention" and npu.calls[-1][2][0] == pool_rows
+    assert (watch.reads == []) is per_reference, watch.reads
     torch.testing.assert_close(got, ops.sparse_attention_records.reference(*args), atol=1e-5, rtol=1e-5)
 
 
@@ -469,6 +493,36 @@ def test_linear_fp8_grouped_is_the_block_diagonal_product(npu, tokens, groups, r
     assert npu.calls[-1]["group_list"] == [tokens] * groups
 
 
+def test_weight_companions_are_built_once_and_follow_the_weight(npu):
+    """The MxA8W8 row scales and the MxA8W4 zero biases are kept with their weight: the second call builds neither
+    (no torch call left but the activations' own), and a weight changed in place, or given new storage, gets new
+    ones."""
+    g = torch.Generator().manual_seed(3)
+    weight, scale = quantize_fp8_weight(torch.randn(96, 128, generator=g))
+    x = torch.randn(4, 128, generator=g).bfloat16()
+    calls = []
+    for _ in range(2):
+        watch = ModuleCalls(ascend_backend)
+        with watch:
+            first = ascend_backend.linear_fp8(x, weight, scale)
+        calls.append(watch.calls)
+    assert calls[1] < calls[0]
+    doubled = scale.float().mul(2).to(scale.dtype)
+    scale.copy_(doubled)  # in place: the kept row scales must follow
+    torch.testing.assert_close(ascend_backend.linear_fp8(x, weight, scale).float(), 2 * first.float())
+    scale.data = scale.data.float().mul(2).to(scale.dtype)  # new storage
+    torch.testing.assert_close(ascend_backend.linear_fp8(x, weight, scale).float(), 4 * first.float())
+
+    experts = _laid_out(npu, stacked_fp4_experts(8, 128, 128))
+    route_weights, ids = routing(3, 8, 2)
+    ascend_backend.moe_experts(x[:3], route_weights, ids, experts, None)
+    biases = [call["bias"][0] for call in npu.calls if isinstance(call, dict) and call.get("mode") == "MxA8W4"]
+    ascend_backend.moe_experts(x[:3], route_weights, ids, experts, None)
+    again = [call["bias"][0] for call in npu.calls if isinstance(call, dict) and call.get("mode") == "MxA8W4"]
+    assert len(biases) == 3 and all(a is b for a, b in zip(biases, again[3:]))
+    assert all(torch.count_nonzero(b) == 0 for b in biases)
+
+
 @pytest.mark.parametrize("x, weight_dtype", [(torch.randn(3, 96), torch.float8_e4m3fn),  # in not a multiple of 64
                                              (torch.randn(0, 128), torch.float8_e4m3fn),  # no tokens
                                              (torch.randn(3, 128), torch.bfloat16)])
@@ -504,6 +558,7 @@ def test_moe_experts_read_nothing_on_the_host_whatever_the_routing(npu):
     """A host read would wait for the router: the torch work queued is the same for 1 token, 40 spread out, or 40
     sharing an expert."""
     experts = _laid_out(npu, stacked_fp4_experts(8, 128, 128))
+    ascend_backend.moe_experts(torch.randn(2, 128).bfloat16(), *routing(2, 8, 2), experts, None)  # zero biases kept
     counts = []
     for tokens, only in ((1, None), (40, None), (40, 3)):
         route_weights, ids = routing(tokens, 8, 2, only=only)
