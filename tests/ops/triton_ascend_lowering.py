@@ -32,6 +32,8 @@ from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
+from .triton_aot import _launches, run_targets, uncovered
+
 SKIPPED = 3
 
 # code path -> (the SoC name the driver reports, the option values triton-ascend's 910_95 build defaults to).
@@ -119,8 +121,6 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
     """Runs every launch under the compile-only NPU driver for ``path``; returns (report rows, failures)."""
     from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS
 
-    from .triton_aot import _jit_functions, _launches
-
     arch, options = PATHS[path]
     failures, lowered = [], []
     with lowering_only(arch, options, lowered) as npu:
@@ -143,14 +143,7 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
     modes = defaultdict(set)
     for metadata in lowered:
         modes[metadata["kernel_name"]].add(f"{metadata['mix_mode']}/{metadata['parallel_mode']}")
-    functions = _jit_functions()
-    for name, fn in sorted(functions.items()):
-        if fn.__name__ in modes:
-            continue
-        launched_from = [other for other in functions.values()
-                         if other is not fn and re.search(rf"\b{re.escape(fn.__name__)}\b", other.src)]
-        if not launched_from:
-            failures.append(f"{path} {name}: never lowered (no launch covers it)")
+    failures += [f"{path} {name}: never lowered (no launch covers it)" for name in uncovered(set(modes))]
     rows = [f"{path:<7} {name:<40} {sum(m['kernel_name'] == name for m in lowered):>5}  {', '.join(sorted(kinds))}"
             for name, kinds in sorted(modes.items())]
     return rows, failures
@@ -166,16 +159,7 @@ def main() -> int:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-ascend-lowering-")  # every kernel lowers anew
     print(f"triton {triton.__version__} (ascend backend), torch {torch.__version__}")
     print(f"{'path':<7} {'kernel':<40} {'specs':>5}  core / parallel mode")
-    failures = []
-    for path in PATHS:
-        rows, path_failures = lower_all(path)
-        print("\n".join(rows), flush=True)
-        failures += path_failures
-    if failures:
-        print(f"\n{len(failures)} FAILED:\n" + "\n".join(failures))
-        return 1
-    print("\nall kernels lowered")
-    return 0
+    return run_targets(PATHS, lower_all, "lowered")
 
 
 if __name__ == "__main__":
