@@ -29,8 +29,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
   * hc_expand -> npu_mhc_post(x=streams, h_res=comb, h_out=out, h_post=post), documented as
     x' = H_res^T x + h_out (x) h_post (the op-plugin golden sums h_res[i, o] * x[i] over i, our comb[i, o]);
     x and h_out bf16/fp16 of one dtype, result in x's dtype.
-  * sqrtsoftplus_route is left to the next backend. npu_moe_gating_top_k scores with softmax (norm_type 0) or sigmoid
-    (norm_type 1) only, and no mode takes scores as they are. softmax(log s) = s / sum(s) would need the bias
+  * sqrtsoftplus_route is left to the next backend. npu_moe_gating_top_k scores with softmax (norm_type 0) or
+    sigmoid (norm_type 1) only, and no mode takes scores as they are. softmax(log s) = s / sum(s) would need the bias
     divided by a per-token sum, but the op's bias is one [E] vector; sigmoid(logit(s / c)) = s / c holds only up
     to fp32 rounding, which can swap two experts whose biased scores are that close. The router is [T, 256] with
     k = 6: a few torch ops, not worth an inexact selection.
@@ -53,8 +53,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     scale_alg 1, max_low_bound = our amax floor). Documented: scale_alg 1 takes amax (raised to max_low_bound) /
     448 and rounds its exponent up unless the mantissa is zero, i.e. our power-of-two ceiling, and divides by that
     power of two before a round-to-nearest-even cast: the reference bit for bit. The scales come back as E8M0
-    exponent bytes [..., ceil(n/32 / 2), 2], zero-padded to an even count. mxfp4_fake_quant is left to the next backend:
-    the FP4 rules (scale_alg 0 and 2) take floor(log2 amax) - 2 or a mantissa-dependent ceiling, not ours.
+    exponent bytes [..., ceil(n/32 / 2), 2], zero-padded to an even count. mxfp4_fake_quant is left to the next
+    backend: the FP4 rules (scale_alg 0 and 2) take floor(log2 amax) - 2 or a mantissa-dependent ceiling, not ours.
   * linear_fp8 / linear_fp8_grouped -> npu_grouped_matmul, MX full quantisation (MxA8W8, formula 5 of its page):
     activations by the fp8_block_quant mapping above (E4M3 per token per 32 columns, as DeepGEMM's SM100 path),
     the weight as stored ([G, out/G, in] E4M3 passed transposed, as the page's MXFP8 example), its 32x32 block
@@ -62,7 +62,7 @@ where the op-plugin's own CPU golden was the only source, the line says so.
     group_type 0 (M split) with equal group sizes (group_list_type 1), split_item 2, output in x's dtype. linear_fp8
     is the one-group case, wo_a's grouped projection G groups of its tokens. in_features must be a multiple of 64
     (the scale pairs). The row scales (1/32 of the weight's bytes) are built on the first call and kept on the
-    scale tensor until it changes in place.
+    scale tensor until it changes.
   * grouped_fp4_weight_layout -> npu_format_cast(w, 29 (FRACTAL_NZ), customize_dtype=E4M3,
     input_dtype=float4_e2m1fn_x2), the cast every MxA8W4 example of npu_grouped_matmul's page applies to its
     [E, N, K/2] packed weight; the model runs it once after loading and keeps the result as the parameter's data.
