@@ -3,8 +3,9 @@ outputs and a comparator that points at the worst element (FlashMLA ``compare.py
 
 ``DEEPINFER_TEST_DEVICE`` (default ``cpu``) picks where kernels run. On ``cpu``, importing this module turns the
 Triton interpreter on (before any kernel is decorated), so it must be imported before
-``deepinfer_plugins.ops.backends.triton_kernels``. On ``cuda`` the same tests run the compiled kernels: tests
-build inputs and references on the CPU and call kernels through ``on_test_device``.
+``deepinfer_plugins.ops.backends.triton_kernels``. On ``cuda`` (upstream triton) or ``npu`` (torch_npu with
+triton-ascend; never run so far) the same tests run the compiled kernels: tests build inputs and references on the
+CPU and call kernels through ``on_test_device``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
-if TEST_DEVICE != "cpu" and not torch.cuda.is_available():
-    pytest.skip(f"DEEPINFER_TEST_DEVICE={TEST_DEVICE} but torch sees no GPU", allow_module_level=True)
+if TEST_DEVICE == "npu":
+    pytest.importorskip("torch_npu")  # registers torch.npu
+ACCELERATOR = getattr(torch, TEST_DEVICE) if TEST_DEVICE != "cpu" else None  # torch.cuda / torch.npu
+if ACCELERATOR is not None and not ACCELERATOR.is_available():
+    pytest.skip(f"DEEPINFER_TEST_DEVICE={TEST_DEVICE} but torch sees no such device", allow_module_level=True)
 
 
 def _to(value, device):
@@ -49,7 +53,7 @@ class on_test_device(types.SimpleNamespace):
         def call(*args, **kwargs):
             moved = [_to(a, TEST_DEVICE) for a in args]
             result = fn(*moved, **{k: _to(v, TEST_DEVICE) for k, v in kwargs.items()})
-            torch.cuda.synchronize()
+            ACCELERATOR.synchronize()
             for original, copy in zip(args, moved):
                 if isinstance(original, torch.Tensor):
                     original.copy_(copy.cpu())
