@@ -156,10 +156,11 @@ def main() -> int:
     if "ascend" not in backends:
         print("SKIP: the installed triton is not triton-ascend (no ascend backend)")
         return SKIPPED
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-ascend-lowering-")  # every kernel lowers anew
     print(f"triton {triton.__version__} (ascend backend), torch {torch.__version__}")
     print(f"{'path':<7} {'kernel':<40} {'specs':>5}  core / parallel mode")
-    return run_targets(PATHS, lower_all, "lowered")
+    with tempfile.TemporaryDirectory(prefix="triton-ascend-lowering-") as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache  # every kernel lowers anew
+        return run_targets(PATHS, lower_all, "lowered")
 
 
 if __name__ == "__main__":
