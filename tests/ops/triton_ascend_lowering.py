@@ -87,9 +87,10 @@ class CompileOnlyNpuDriver:
 
 
 @contextlib.contextmanager
-def lowering_only(arch: str, options: dict, lowered: list[dict]):
-    """The NPU compiler with its CANN stage replaced: the adapter's output is parsed for the kernel's metadata (as
-    the CANN stage does first) and recorded in ``lowered``; the binary is empty."""
+def lowering_only(path: str, lowered: list[dict]):
+    """The NPU compiler of ``path`` with its CANN stage replaced: the adapter's output is parsed for the kernel's
+    metadata (as the CANN stage does first) and recorded in ``lowered``; the binary is empty."""
+    arch, options = PATHS[path]
     backend = backends["ascend"].compiler
     add_stages, parse_options = backend.add_stages, backend.parse_options
     parse_linalg_metadata = add_stages.__globals__["_parse_linalg_metadata"]
@@ -107,7 +108,7 @@ def lowering_only(arch: str, options: dict, lowered: list[dict]):
     def with_path_options(self, opts):
         return dataclasses.replace(parse_options(self, opts), **options)
 
-    npu = CompileOnlyNpuDriver(arch, device=list(PATHS.values()).index((arch, options)))
+    npu = CompileOnlyNpuDriver(arch, device=list(PATHS).index(path))
     backend.add_stages, backend.parse_options = stop_before_cann, with_path_options
     driver.set_active(npu)
     try:
@@ -121,9 +122,8 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
     """Runs every launch under the compile-only NPU driver for ``path``; returns (report rows, failures)."""
     from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS
 
-    arch, options = PATHS[path]
     failures, lowered = [], []
-    with lowering_only(arch, options, lowered) as npu:
+    with lowering_only(path, lowered) as npu:
         for launch in _launches():
             before = len(npu.programs)
             try:
