@@ -75,24 +75,30 @@ def test_npu_tensors_run_only_under_triton_ascend(monkeypatch):
 
 
 def test_a_launch_larger_than_an_npu_takes_declines_to_the_reference(monkeypatch, caplog):
-    """Under triton-ascend a grid of more than 65535 programs is never launched: the op declines with one INFO
-    line and the reference answers (here: one rms_norm program per row)."""
+    """Under triton-ascend a grid of more programs than an NPU launch takes is never launched: the op declines with
+    one INFO line and the reference answers. The per-row kernels of query heads (RMSNorm, RoPE) take runs of rows
+    per program instead. The limit is lowered to 4 here so that the interpreter runs few programs."""
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
     monkeypatch.setattr(common, "TRITON_ASCEND", True)
+    monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
     monkeypatch.setattr(triton_backend, "_declined_logged", set())
-    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "rms_norm=triton")
-    assert common.launch_grid(common.ASCEND_MAX_PROGRAMS) == (common.ASCEND_MAX_PROGRAMS,)
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "sinkhorn=triton,rms_norm=triton,rope=triton")
+    assert common.launch_grid(2, 2) == (2, 2)
     with pytest.raises(common.GridTooLarge):
-        common.launch_grid(256, 256)
-    x = torch.randn(common.ASCEND_MAX_PROGRAMS + 1, 4)
+        common.launch_grid(5)
+    logits = torch.randn(5, 4, 4)  # a program per token
     with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
-        out = ops.rms_norm(x, None, 1e-6)
-        ops.rms_norm(x, None, 1e-6)
-    assert torch.equal(out, ops.rms_norm.reference(x, None, 1e-6))
-    assert sum("rms_norm" in r.message and "65535" in r.message for r in caplog.records) == 1
-    small = torch.randn(5, 4)
-    torch.testing.assert_close(ops.rms_norm(small, None, 1e-6), ops.rms_norm.reference(small, None, 1e-6))
+        out = ops.sinkhorn(logits, 20, 1e-6)
+        ops.sinkhorn(logits, 20, 1e-6)
+    assert torch.equal(out, ops.sinkhorn.reference(logits, 20, 1e-6))
+    assert sum("sinkhorn" in r.message and "at most 4" in r.message for r in caplog.records) == 1
+    assert common.row_programs(9) == (3, 3) and common.row_programs(4) == (4, 1)
+    q = torch.randn(3, 3, 80)  # 9 rows: 3 programs of 3 rows
+    positions, inv_freq = torch.arange(3), torch.rand(8)
+    torch.testing.assert_close(ops.rms_norm(q, None, 1e-6), ops.rms_norm.reference(q, None, 1e-6))
+    assert torch.equal(ops.rope(q, positions, inv_freq), ops.rope.reference(q, positions, inv_freq))
+    assert not any("rms_norm" in r.message or "rope" in r.message for r in caplog.records)
 
 
 def test_a_kernel_triton_ascend_cannot_compile_falls_back_for_good(monkeypatch, caplog):

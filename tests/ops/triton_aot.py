@@ -324,6 +324,9 @@ def _launches() -> list[Launch]:
         for dtype in (f32, bf16):
             add(f"csa2_compress ratio={ratio} {dtype}", misc.csa2_compress, z(8, 48), z(8, 48), ratio, z(48), 1e-20,
                 dtype)
+    q_heads = z(1024, 64, 512, dtype=bf16)  # a 1024-token prefill's queries: 65536 rows, past one NPU launch
+    add("rms_norm V4.1 q heads T=1024", misc.rms_norm, q_heads, None, 1e-20)
+    add("rope V4.1 q heads T=1024", misc.rope, q_heads, torch.arange(1024), torch.rand(32))
     for b in (64, 8):
         add(f"rms_norm V4.1 b={b}", misc.rms_norm, z(b, 5120, dtype=bf16), z(5120, dtype=bf16), 1e-20)
         add(f"sqrtsoftplus_route V4.1 b={b}", misc.sqrtsoftplus_route, z(b, 384), z(384), 6, 1.5)

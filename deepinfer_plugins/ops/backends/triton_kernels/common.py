@@ -63,6 +63,14 @@ def launch_grid(*dims: int) -> tuple[int, ...]:
     return dims
 
 
+def row_programs(rows: int) -> tuple[int, int]:
+    """(programs, rows per program) of a kernel that loops over a run of rows: a program per row, except that on
+    an NPU, whose launch takes at most ASCEND_MAX_PROGRAMS, each takes as many consecutive rows as that needs
+    (a prefill of 1024 tokens has 65536 rows of query heads)."""
+    per_program = triton.cdiv(rows, ASCEND_MAX_PROGRAMS) if TRITON_ASCEND else 1
+    return triton.cdiv(rows, per_program), per_program
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 

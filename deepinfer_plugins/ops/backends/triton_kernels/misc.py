@@ -8,24 +8,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, launch_grid, next_pow2
+from .common import INTERPRETED, empty, launch_grid, next_pow2, row_programs
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, HAS_W: tl.constexpr, BN: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    sq = tl.zeros([BN], tl.float32)
-    for n0 in range(0, N, BN):
-        n = n0 + tl.arange(0, BN)
-        x = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32)
-        sq += x * x
-    inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / N + eps)
-    for n0 in range(0, N, BN):
-        n = n0 + tl.arange(0, BN)
-        y = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32) * inv
-        if HAS_W:
-            y = y * tl.load(w_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-        tl.store(out_ptr + r * N + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, rows, rows_per_program, HAS_W: tl.constexpr, BN: tl.constexpr):
+    first = tl.program_id(0).to(tl.int64) * rows_per_program
+    for r in range(first, tl.minimum(first + rows_per_program, rows)):
+        sq = tl.zeros([BN], tl.float32)
+        for n0 in range(0, N, BN):
+            n = n0 + tl.arange(0, BN)
+            x = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32)
+            sq += x * x
+        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / N + eps)
+        for n0 in range(0, N, BN):
+            n = n0 + tl.arange(0, BN)
+            y = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32) * inv
+            if HAS_W:
+                y = y * tl.load(w_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+            tl.store(out_ptr + r * N + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
 
 
 def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
@@ -33,34 +34,37 @@ def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     out = empty(x.shape, x.dtype, x.device)
     rows = x.numel() // max(n, 1)
     if rows:
-        _rms_norm_kernel[launch_grid(rows)](x.contiguous(), weight if weight is not None else x, out, n, float(eps),
-                                            HAS_W=weight is not None,
-                                            BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
+        programs, per_program = row_programs(rows)
+        _rms_norm_kernel[launch_grid(programs)](x.contiguous(), weight if weight is not None else x, out, n,
+                                                float(eps), rows, per_program, HAS_W=weight is not None,
+                                                BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
     return out
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, BC: tl.constexpr, BH: tl.constexpr):
-    """Row r of x [T*M, C] (token r // M): copy the first C - 2*HALF channels, rotate the interleaved pairs.
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, rows, rows_per_program, BC: tl.constexpr,
+                 BH: tl.constexpr):
+    """Rows r of x [T*M, C] (token r // M): copy the first C - 2*HALF channels, rotate the interleaved pairs.
     The pairs are read and written as one dense [BH, 2] tile (not as two stride-2 vectors, whose masked
     accesses triton-ascend's adapter cannot lower)."""
-    r = tl.program_id(0).to(tl.int64)
-    t = r // M
     c = tl.arange(0, BC)
     nope = C - 2 * HALF
-    x = tl.load(x_ptr + r * C + c, mask=c < nope, other=0.0)
-    tl.store(out_ptr + r * C + c, x, mask=c < nope)
     k = tl.arange(0, BH)
     km = k < HALF
     pair = nope + 2 * k[:, None] + tl.arange(0, 2)[None, :]  # [BH, 2]
-    re, im = tl.split(tl.load(x_ptr + r * C + pair, mask=km[:, None], other=0.0).to(tl.float32))
-    cs = tl.load(cos_ptr + t * HALF + k, mask=km, other=0.0)
-    sn = tl.load(sin_ptr + t * HALF + k, mask=km, other=0.0)
-    a = re * cs
-    b = im * sn
-    e = re * sn
-    f = im * cs
-    tl.store(out_ptr + r * C + pair, tl.join(a - b, e + f).to(out_ptr.dtype.element_ty), mask=km[:, None])
+    first = tl.program_id(0).to(tl.int64) * rows_per_program
+    for r in range(first, tl.minimum(first + rows_per_program, rows)):
+        t = r // M
+        x = tl.load(x_ptr + r * C + c, mask=c < nope, other=0.0)
+        tl.store(out_ptr + r * C + c, x, mask=c < nope)
+        re, im = tl.split(tl.load(x_ptr + r * C + pair, mask=km[:, None], other=0.0).to(tl.float32))
+        cs = tl.load(cos_ptr + t * HALF + k, mask=km, other=0.0)
+        sn = tl.load(sin_ptr + t * HALF + k, mask=km, other=0.0)
+        a = re * cs
+        b = im * sn
+        e = re * sn
+        f = im * cs
+        tl.store(out_ptr + r * C + pair, tl.join(a - b, e + f).to(out_ptr.dtype.element_ty), mask=km[:, None])
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -75,8 +79,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inver
     out = empty(x.shape, x.dtype, x.device)
     rows = x.numel() // max(c, 1)
     if rows:
-        _rope_kernel[launch_grid(rows)](x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, BC=next_pow2(c),
-                                        BH=next_pow2(half))
+        programs, per_program = row_programs(rows)
+        _rope_kernel[launch_grid(programs)](x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, rows,
+                                            per_program, BC=next_pow2(c), BH=next_pow2(half))
     return out
 
 
