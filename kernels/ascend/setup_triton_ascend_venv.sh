@@ -9,7 +9,7 @@
 # converted to Python scalars"), hence numpy 1.26.4, the version triton-ascend's CANN install guide names.
 # Idempotent; FORCE=1 recreates the venv.
 #
-# Run the tests afterwards with:  TRITON_INTERPRET=1 .venv-triton-ascend/bin/python -m pytest tests/ops -q
+# Run the tests afterwards with:  TRITON_INTERPRET=1 .venv-triton-ascend/bin/python -m pytest tests/ops/test_triton_*.py
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
