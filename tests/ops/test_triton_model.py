@@ -84,6 +84,7 @@ def test_a_launch_larger_than_an_npu_takes_declines_to_the_reference(monkeypatch
     monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
     monkeypatch.setattr(triton_backend, "_declined_logged", set())
     monkeypatch.setenv("DEEPINFER_OP_BACKEND", "sinkhorn=triton,rms_norm=triton,rope=triton")
+    monkeypatch.delenv(common.BLOCKS_PARALLEL_ENV, raising=False)
     assert common.launch_grid(2, 2) == (2, 2)
     with pytest.raises(common.GridTooLarge):
         common.launch_grid(5)
@@ -99,6 +100,44 @@ def test_a_launch_larger_than_an_npu_takes_declines_to_the_reference(monkeypatch
     torch.testing.assert_close(ops.rms_norm(q, None, 1e-6), ops.rms_norm.reference(q, None, 1e-6))
     assert torch.equal(ops.rope(q, positions, inv_freq), ops.rope.reference(q, positions, inv_freq))
     assert not any("rms_norm" in r.message or "rope" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("setting, capped", [("1", False), ("true", False), ("TRUE", False), ("0", True),
+                                              ("false", True)])
+def test_triton_all_blocks_parallel_lifts_the_npu_launch_limit(monkeypatch, caplog, setting, capped):
+    """With triton-ascend's TRITON_ALL_BLOCKS_PARALLEL on (as its compiler and launcher parse it), its compiler
+    loops each core over the programs, so a launch past the limit runs instead of declining, and the per-row
+    kernels take one row per program."""
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    monkeypatch.setattr(common, "TRITON_ASCEND", True)
+    monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
+    monkeypatch.setattr(triton_backend, "_declined_logged", set())
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "sinkhorn=triton")
+    monkeypatch.setenv(common.BLOCKS_PARALLEL_ENV, setting)
+    assert common.programs_capped() is capped
+    assert common.row_programs(9) == ((3, 3) if capped else (9, 1))
+    logits = torch.randn(5, 4, 4)
+    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
+        torch.testing.assert_close(ops.sinkhorn(logits, 20, 1e-6), ops.sinkhorn.reference(logits, 20, 1e-6))
+    declined = [r for r in caplog.records if "sinkhorn" in r.message]
+    assert len(declined) == (1 if capped else 0)
+    assert not declined or common.BLOCKS_PARALLEL_ENV in declined[0].message
+
+
+def test_no_kernel_depends_on_the_order_of_its_programs():
+    """TRITON_ALL_BLOCKS_PARALLEL is safe only for kernels whose programs never wait on or race with each other:
+    every program writes its own outputs, so none may use atomics or barriers."""
+    from pathlib import Path
+
+    from deepinfer_plugins.ops.backends import triton_kernels
+
+    sources = sorted(Path(triton_kernels.__file__).parent.glob("*.py"))
+    assert len(sources) >= 8
+    for source in sources:
+        text = source.read_text()
+        for construct in ("atomic_", "debug_barrier", "tl.inline_asm"):
+            assert construct not in text, f"{source.name} uses {construct}"
 
 
 def test_a_kernel_triton_ascend_cannot_compile_falls_back_for_good(monkeypatch, caplog):

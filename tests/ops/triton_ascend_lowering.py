@@ -9,7 +9,9 @@ NPU, once per code path of the wheel: Atlas A2/A3 (its default) and 910_95 (``co
 950 family; the released wheel ships with that path off). The third stage needs CANN, so the adapter's output is
 kept instead: what only ``bishengir-compile`` rejects (an on-chip buffer overflow, say) is not caught here, and the
 Triton backend declines such an op at runtime. Each launch's program count is also checked against
-``ASCEND_MAX_PROGRAMS``.
+``ASCEND_MAX_PROGRAMS``. Then the launchers run again at a V4.1 prefill chunk (``PREFILL_TOKENS``, the largest
+chunk vLLM schedules by default) with ``TRITON_ALL_BLOCKS_PARALLEL=1``, the setting such chunks need: they must
+lower too, and the report lists the launches past the limit, which without that setting decline to the reference.
 
 ``python -m tests.ops.triton_ascend_lowering`` prints one row per lowered kernel and path and exits 1 on any
 failure, 3 when the installed triton is not triton-ascend.
@@ -32,9 +34,12 @@ from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
-from .triton_aot import _launches, run_targets, uncovered
+from .triton_aot import Launch, _launches, run_targets, uncovered
 
 SKIPPED = 3
+# vLLM's default max_num_batched_tokens on a device of 70 GB or more (offline; the API server's default is 8192);
+# 128K tokens of context before the chunk, so 32K compressed keys at ratio 4
+PREFILL_TOKENS, PREFILL_CONTEXT = 16384, 131072
 
 # code path -> (the SoC name the driver reports, the option values triton-ascend's 910_95 build defaults to).
 # Which of the wheel's 910_95 SoC names (9579, 9581, 9589, 9599) is the 950PR or the 950DT is not documented there;
@@ -118,34 +123,114 @@ def lowering_only(path: str, lowered: list[dict]):
         backend.add_stages, backend.parse_options = add_stages, parse_options
 
 
+def prefill_launches(tokens: int = PREFILL_TOKENS, context: int = PREFILL_CONTEXT) -> list[Launch]:
+    """The launchers whose grids grow with the tokens of a step, at V4.1's shapes for a prefill chunk of ``tokens``
+    (256 routed experts, top-6). The tensors are made at call time, one launch's at a time."""
+    from deepinfer_plugins import ops
+    from deepinfer_plugins.ops.backends.triton_kernels import attention, gemm, indexer, mhc, misc, moe, quant
+
+    bf16, u8, i64, z, t = torch.bfloat16, torch.uint8, torch.int64, torch.zeros, tokens
+    keys = context // 4
+
+    def experts():
+        fp4, e8m0 = torch.int8, torch.float8_e8m0fnu
+        return ops.ExpertWeights(z(256, 2304, 2560, dtype=fp4), z(256, 2304, 160, dtype=e8m0),
+                                 z(256, 2304, 2560, dtype=fp4), z(256, 2304, 160, dtype=e8m0),
+                                 z(256, 5120, 1152, dtype=fp4), z(256, 5120, 72, dtype=e8m0))
+
+    def streams():
+        return z(t, 4, 5120, dtype=bf16)
+
+    calls = {
+        "fp8_fake_quant": lambda: quant.fp8_fake_quant(z(t * 64, 512, dtype=bf16)),
+        "cache_write nvfp4": lambda: quant.cache_write(z(t, 288, dtype=u8), torch.arange(t), z(t, 512, dtype=bf16),
+                                                       "nvfp4"),
+        "cache_gather (distinct keys)": lambda: quant.cache_gather(z(2 * t, 528, dtype=u8), torch.arange(2 * t),
+                                                                   "fp8_window", 512, bf16),
+        "sparse_attention": lambda: attention.sparse_attention(z(t, 64, 512, dtype=bf16), z(640, 512, dtype=bf16),
+                                                               z(t, 640, dtype=i64), z(64), 512 ** -0.5),
+        "sparse_attention_records": lambda: attention.sparse_attention_records(
+            z(t, 64, 512, dtype=bf16), z(128, 528, dtype=u8), z(t, 128, dtype=i64), z(512, 288, dtype=u8),
+            z(t, 512, dtype=i64), z(64), 512 ** -0.5),
+        "linear_fp8 5120x2304": lambda: gemm.linear_fp8(z(t, 2304, dtype=bf16),
+                                                        z(5120, 2304, dtype=torch.float8_e4m3fn),
+                                                        z(160, 72, dtype=torch.float8_e8m0fnu)),
+        "linear_fp8_grouped wo_a": lambda: gemm.linear_fp8_grouped(z(t, 8, 4096, dtype=bf16),
+                                                                   z(8192, 4096, dtype=torch.float8_e4m3fn),
+                                                                   z(256, 128, dtype=torch.float8_e8m0fnu)),
+        "linear_to_fp32 router": lambda: gemm.linear_to_fp32(z(t, 5120, dtype=bf16), z(384, 5120, dtype=bf16)),
+        "moe_experts": lambda: moe.moe_experts(z(t, 5120, dtype=bf16), z(t, 6), torch.randint(0, 256, (t, 6)),
+                                               experts(), 10.0),
+        "indexer_scores_records": lambda: indexer.indexer_scores_records(
+            z(t, 32, 128, dtype=bf16), z(t, 32), z(keys, 68, dtype=u8), torch.arange(keys)),
+        "topk_indices": lambda: indexer.topk_indices(z(t, keys), 512),
+        "candidate_mask": lambda: indexer.candidate_mask(z(t, keys), torch.full((t,), keys), 64, 32),
+        "hc_coefficients": lambda: mhc.hc_coefficients(streams(), z(24, 4 * 5120), z(24), z(3), 20, 1e-6, 1e-20),
+        "hc_collapse": lambda: mhc.hc_collapse(streams(), z(t, 4)),
+        "hc_collapse_norm": lambda: mhc.hc_collapse_norm(streams(), z(t, 4), z(5120, dtype=bf16), 1e-20),
+        "hc_expand": lambda: mhc.hc_expand(streams(), z(t, 5120, dtype=bf16), z(t, 4), z(t, 4, 4)),
+        "rms_norm q heads": lambda: misc.rms_norm(z(t, 64, 512, dtype=bf16), None, 1e-20),
+        "rope q heads": lambda: misc.rope(z(t, 64, 512, dtype=bf16), torch.arange(t), torch.rand(32)),
+        "swiglu": lambda: misc.swiglu(z(t, 2304, dtype=bf16), z(t, 2304, dtype=bf16), 10.0),
+        "sqrtsoftplus_route": lambda: misc.sqrtsoftplus_route(z(t, 384), z(384), 6, 1.5),
+        "engram_hash": lambda: misc.engram_hash(z(t, 4, dtype=i64), z(4, dtype=i64), torch.ones(3, 8, dtype=i64),
+                                                z(3, 8, dtype=i64)),
+        "engram_gate": lambda: misc.engram_gate(streams(), z(t, 4, 5120, dtype=bf16), z(t, 5120, dtype=bf16),
+                                                z(4, 5120), 1e-20),
+        "csa2_compress": lambda: misc.csa2_compress(z(t, 512), z(t, 512), 4, z(512), 1e-20, bf16),
+    }
+    return [Launch(f"{label} T={tokens}", call) for label, call in calls.items()]
+
+
+def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[tuple[str, int]]:
+    """Runs ``launches``, adding what failed to lower to ``failures``; -> (label, programs) of each launch."""
+    grids = []
+    for launch in launches:
+        before = len(npu.programs)
+        try:
+            launch.call()
+        except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            text = [line for line in str(exc).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            causes = [line for line in text if re.search(r"error|assertion|failed", line, re.IGNORECASE)]
+            message = "\n".join((causes or text)[-12:])  # the adapter's own words, not its stack dump
+            failures.append(f"{path} {launch.label}: {type(exc).__name__} (raised at {where.filename}:"
+                            f"{where.lineno}):\n{message}\n")
+            continue
+        grids += [(launch.label, n) for n in npu.programs[before:]]
+    return grids
+
+
 def lower_all(path: str) -> tuple[list[str], list[str]]:
     """Runs every launch under the compile-only NPU driver for ``path``; returns (report rows, failures)."""
-    from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS
+    from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS, BLOCKS_PARALLEL_ENV
 
     failures, lowered = [], []
     with lowering_only(path, lowered) as npu:
-        for launch in _launches():
-            before = len(npu.programs)
-            try:
-                launch.call()
-            except Exception as exc:
-                where = traceback.extract_tb(exc.__traceback__)[-1]
-                text = [line for line in str(exc).splitlines() if line.strip() and not line.lstrip().startswith("#")]
-                causes = [line for line in text if re.search(r"error|assertion|failed", line, re.IGNORECASE)]
-                message = "\n".join((causes or text)[-12:])  # the adapter's own words, not its stack dump
-                failures.append(f"{path} {launch.label}: {type(exc).__name__} (raised at {where.filename}:"
-                                f"{where.lineno}):\n{message}\n")
-                continue
-            too_many = [n for n in npu.programs[before:] if n > ASCEND_MAX_PROGRAMS]
-            if too_many:
-                failures.append(f"{path} {launch.label}: a launch of {max(too_many)} programs (NPU limit "
-                                f"{ASCEND_MAX_PROGRAMS})")
+        for label, programs in _lower(path, npu, _launches(), failures):
+            if programs > ASCEND_MAX_PROGRAMS:
+                failures.append(f"{path} {label}: a launch of {programs} programs (NPU limit {ASCEND_MAX_PROGRAMS})")
+        blocks_parallel = os.environ.get(BLOCKS_PARALLEL_ENV)
+        os.environ[BLOCKS_PARALLEL_ENV] = "1"
+        try:
+            prefill = _lower(path, npu, prefill_launches(), failures)
+        finally:
+            if blocks_parallel is None:
+                del os.environ[BLOCKS_PARALLEL_ENV]
+            else:
+                os.environ[BLOCKS_PARALLEL_ENV] = blocks_parallel
     modes = defaultdict(set)
     for metadata in lowered:
         modes[metadata["kernel_name"]].add(f"{metadata['mix_mode']}/{metadata['parallel_mode']}")
     failures += [f"{path} {name}: never lowered (no launch covers it)" for name in uncovered(set(modes))]
     rows = [f"{path:<7} {name:<40} {sum(m['kernel_name'] == name for m in lowered):>5}  {', '.join(sorted(kinds))}"
             for name, kinds in sorted(modes.items())]
+    largest = defaultdict(int)
+    for label, programs in prefill:
+        largest[label] = max(largest[label], programs)
+    over = [f"{label} ({programs})" for label, programs in largest.items() if programs > ASCEND_MAX_PROGRAMS]
+    rows.append(f"{path:<7} prefill chunk: {len(largest)} launchers lowered; past {ASCEND_MAX_PROGRAMS} programs, "
+                f"so needing {BLOCKS_PARALLEL_ENV}=1: {', '.join(over) or 'none'}")
     return rows, failures
 
 

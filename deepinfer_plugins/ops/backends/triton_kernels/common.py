@@ -20,6 +20,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # (or run under its interpreter): no fp8 types, and at most ASCEND_MAX_PROGRAMS programs per launch.
 TRITON_ASCEND = "ascend" in backends
 ASCEND_MAX_PROGRAMS = 65535  # an Ascend kernel launch's block dimension is at most 65535
+# triton-ascend's documented switch for GPU-sized grids: with it, its compiler loops each physical core over the
+# launch's programs, so a launch may exceed ASCEND_MAX_PROGRAMS. Every kernel here allows it: programs write
+# disjoint outputs and never wait on each other (no atomics, no barriers), so their order does not matter.
+BLOCKS_PARALLEL_ENV = "TRITON_ALL_BLOCKS_PARALLEL"
 
 # Tests set POISON = True: every output buffer starts as NaN (floats) or a sentinel (integers), so an element a
 # kernel forgets to write is caught.
@@ -54,20 +58,27 @@ class GridTooLarge(Exception):
     """A launch of more programs than the target takes; the op declines the call rather than launch it."""
 
 
+def programs_capped() -> bool:
+    """Whether a launch takes at most ASCEND_MAX_PROGRAMS: under triton-ascend, unless BLOCKS_PARALLEL_ENV is on
+    (read per launch, parsed as triton-ascend's compiler and launcher parse it)."""
+    return TRITON_ASCEND and os.environ.get(BLOCKS_PARALLEL_ENV, "0").lower() not in ("1", "true")
+
+
 def launch_grid(*dims: int) -> tuple[int, ...]:
     """A launch grid, checked against an NPU launch's limit (on CUDA the driver checks its own: 2^31 - 1 programs
     along x, 65535 along y and z, which our launches keep to)."""
     programs = math.prod(dims)
-    if TRITON_ASCEND and programs > ASCEND_MAX_PROGRAMS:
-        raise GridTooLarge(f"{programs} programs in one launch; an NPU launch takes at most {ASCEND_MAX_PROGRAMS}")
+    if programs > ASCEND_MAX_PROGRAMS and programs_capped():
+        raise GridTooLarge(f"{programs} programs in one launch; an NPU launch takes at most {ASCEND_MAX_PROGRAMS} "
+                           f"unless {BLOCKS_PARALLEL_ENV}=1")
     return dims
 
 
 def row_programs(rows: int) -> tuple[int, int]:
     """(programs, rows per program) of a kernel that loops over a run of rows: a program per row, except that on
-    an NPU, whose launch takes at most ASCEND_MAX_PROGRAMS, each takes as many consecutive rows as that needs
+    an NPU whose launch takes at most ASCEND_MAX_PROGRAMS, each takes as many consecutive rows as that needs
     (a prefill of 1024 tokens has 65536 rows of query heads)."""
-    per_program = triton.cdiv(rows, ASCEND_MAX_PROGRAMS) if TRITON_ASCEND else 1
+    per_program = triton.cdiv(rows, ASCEND_MAX_PROGRAMS) if programs_capped() else 1
     return triton.cdiv(rows, per_program), per_program
 
 
