@@ -27,6 +27,7 @@ import sys
 import tempfile
 import traceback
 from collections import defaultdict
+from unittest import mock
 
 import torch
 import triton
@@ -143,7 +144,7 @@ def prefill_launches(tokens: int = PREFILL_TOKENS, context: int = PREFILL_CONTEX
         return z(t, 4, 5120, dtype=bf16)
 
     calls = {
-        "fp8_fake_quant": lambda: quant.fp8_fake_quant(z(t * 64, 512, dtype=bf16)),
+        "mxfp4_fake_quant indexer q": lambda: quant.mxfp4_fake_quant(z(t * 32, 128, dtype=bf16)),
         "cache_write nvfp4": lambda: quant.cache_write(z(t, 288, dtype=u8), torch.arange(t), z(t, 512, dtype=bf16),
                                                        "nvfp4"),
         "cache_gather (distinct keys)": lambda: quant.cache_gather(z(2 * t, 528, dtype=u8), torch.arange(2 * t),
@@ -211,15 +212,8 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
         for label, programs in _lower(path, npu, _launches(), failures):
             if programs > ASCEND_MAX_PROGRAMS:
                 failures.append(f"{path} {label}: a launch of {programs} programs (NPU limit {ASCEND_MAX_PROGRAMS})")
-        blocks_parallel = os.environ.get(BLOCKS_PARALLEL_ENV)
-        os.environ[BLOCKS_PARALLEL_ENV] = "1"
-        try:
+        with mock.patch.dict(os.environ, {BLOCKS_PARALLEL_ENV: "1"}):
             prefill = _lower(path, npu, prefill_launches(), failures)
-        finally:
-            if blocks_parallel is None:
-                del os.environ[BLOCKS_PARALLEL_ENV]
-            else:
-                os.environ[BLOCKS_PARALLEL_ENV] = blocks_parallel
     modes = defaultdict(set)
     for metadata in lowered:
         modes[metadata["kernel_name"]].add(f"{metadata['mix_mode']}/{metadata['parallel_mode']}")
