@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from .kernel_compare import TEST_DEVICE, triton  # noqa: F401  (turns the interpreter on, skips without Triton)
+from .kernel_compare import TEST_DEVICE, gen, triton  # noqa: F401  (turns the interpreter on, skips without Triton)
 
 from deepinfer_plugins import ops  # noqa: E402
 from deepinfer_plugins.ops.backends import triton_backend  # noqa: E402
@@ -74,55 +74,67 @@ def test_npu_tensors_run_only_under_triton_ascend(monkeypatch):
     assert common.can_run(torch.zeros(1)) is True
 
 
-def test_a_launch_larger_than_an_npu_takes_declines_to_the_reference(monkeypatch, caplog):
-    """Under triton-ascend a grid of more programs than an NPU launch takes is never launched: the op declines with
-    one INFO line and the reference answers. The per-row kernels of query heads (RMSNorm, RoPE) take runs of rows
-    per program instead. The limit is lowered to 4 here so that the interpreter runs few programs."""
+def test_a_grid_past_the_npu_limit_is_cut_along_its_first_axis(monkeypatch):
+    """Under triton-ascend a grid of more programs than an NPU launch takes becomes several launches, each a run of
+    the first axis (the kernels add ``first_program`` to their axis-0 program id); a grid whose other axes alone
+    pass the limit cannot be cut and raises GridTooLarge. RMSNorm and RoPE (rows of query heads) take runs of rows
+    per program instead. The limit is lowered to 4 here."""
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
-    monkeypatch.setattr(common, "TRITON_ASCEND", True)
     monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
-    monkeypatch.setattr(triton_backend, "_declined_logged", set())
-    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "sinkhorn=triton,rms_norm=triton,rope=triton")
     monkeypatch.delenv(common.BLOCKS_PARALLEL_ENV, raising=False)
-    assert common.launch_grid(2, 2) == (2, 2)
-    with pytest.raises(common.GridTooLarge):
-        common.launch_grid(5)
-    logits = torch.randn(5, 4, 4)  # a program per token
-    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
-        out = ops.sinkhorn(logits, 20, 1e-6)
-        ops.sinkhorn(logits, 20, 1e-6)
-    assert torch.equal(out, ops.sinkhorn.reference(logits, 20, 1e-6))
-    assert sum("sinkhorn" in r.message and "at most 4" in r.message for r in caplog.records) == 1
+    monkeypatch.setattr(common, "TRITON_ASCEND", False)
+    assert common.launch_chunks(9, 3) == [(0, (9, 3))]
+    monkeypatch.setattr(common, "TRITON_ASCEND", True)
+    assert common.launch_chunks(2, 2) == [(0, (2, 2))]
+    assert common.launch_chunks(5) == [(0, (4,)), (4, (1,))]
+    assert common.launch_chunks(5, 2) == [(0, (2, 2)), (2, (2, 2)), (4, (1, 2))]
+    with pytest.raises(common.GridTooLarge, match="5 programs per index"):
+        common.launch_chunks(2, 5)
     assert common.row_programs(9) == (3, 3) and common.row_programs(4) == (4, 1)
-    q = torch.randn(3, 3, 80)  # 9 rows: 3 programs of 3 rows
-    positions, inv_freq = torch.arange(3), torch.rand(8)
-    torch.testing.assert_close(ops.rms_norm(q, None, 1e-6), ops.rms_norm.reference(q, None, 1e-6))
-    assert torch.equal(ops.rope(q, positions, inv_freq), ops.rope.reference(q, positions, inv_freq))
-    assert not any("rms_norm" in r.message or "rope" in r.message for r in caplog.records)
+
+
+def test_a_grid_that_cannot_be_cut_declines_to_the_reference(monkeypatch, caplog, gen):
+    """A grid whose axes past the first alone hold more programs than an NPU launch takes is never launched: the op
+    declines with one INFO line naming TRITON_ALL_BLOCKS_PARALLEL, and the reference answers. Here the limit is 1
+    and the routed experts' grid has two output tiles per row block."""
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    from .test_triton_moe import stacked_experts
+
+    monkeypatch.setattr(common, "TRITON_ASCEND", True)
+    monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 1)
+    monkeypatch.setattr(triton_backend, "_declined_logged", set())
+    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "moe_experts=triton")
+    monkeypatch.delenv(common.BLOCKS_PARALLEL_ENV, raising=False)
+    experts = stacked_experts(gen, 3, 64, 96)
+    x, weights, ids = torch.randn(5, 64, generator=gen), torch.rand(5, 2, generator=gen), torch.tensor([[0, 1]] * 5)
+    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
+        out = ops.moe_experts(x, weights, ids, experts, 10.0)
+        ops.moe_experts(x, weights, ids, experts, 10.0)
+    assert torch.equal(out, ops.moe_experts.reference(x, weights, ids, experts, 10.0))
+    declined = [r.message for r in caplog.records if "moe_experts" in r.message]
+    assert len(declined) == 1 and common.BLOCKS_PARALLEL_ENV in declined[0], declined
 
 
 @pytest.mark.parametrize("setting, capped", [("1", False), ("true", False), ("TRUE", False), ("0", True),
                                               ("false", True)])
-def test_triton_all_blocks_parallel_lifts_the_npu_launch_limit(monkeypatch, caplog, setting, capped):
+def test_triton_all_blocks_parallel_lifts_the_npu_launch_limit(monkeypatch, setting, capped):
     """With triton-ascend's TRITON_ALL_BLOCKS_PARALLEL on (as its compiler and launcher parse it), its compiler
-    loops each core over the programs, so a launch past the limit runs instead of declining, and the per-row
-    kernels take one row per program."""
+    loops each core over the programs: every grid is one launch, and the per-row kernels take a row per program."""
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
     monkeypatch.setattr(common, "TRITON_ASCEND", True)
     monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
-    monkeypatch.setattr(triton_backend, "_declined_logged", set())
-    monkeypatch.setenv("DEEPINFER_OP_BACKEND", "sinkhorn=triton")
     monkeypatch.setenv(common.BLOCKS_PARALLEL_ENV, setting)
     assert common.programs_capped() is capped
     assert common.row_programs(9) == ((3, 3) if capped else (9, 1))
-    logits = torch.randn(5, 4, 4)
-    with caplog.at_level(logging.INFO, logger=triton_backend.__name__):
-        torch.testing.assert_close(ops.sinkhorn(logits, 20, 1e-6), ops.sinkhorn.reference(logits, 20, 1e-6))
-    declined = [r for r in caplog.records if "sinkhorn" in r.message]
-    assert len(declined) == (1 if capped else 0)
-    assert not declined or common.BLOCKS_PARALLEL_ENV in declined[0].message
+    assert len(common.launch_chunks(5, 2)) == (3 if capped else 1)
+    if capped:
+        with pytest.raises(common.GridTooLarge):
+            common.launch_chunks(1, 5)
+    else:
+        assert common.launch_chunks(1, 5) == [(0, (1, 5))]
 
 
 def test_no_kernel_depends_on_the_order_of_its_programs():

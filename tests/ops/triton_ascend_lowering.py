@@ -8,10 +8,10 @@ under a compile-only driver that reports an NPU target, so every kernel speciali
 NPU, once per code path of the wheel: Atlas A2/A3 (its default) and 910_95 (``compile_on_910_95``, the Ascend
 950 family; the released wheel ships with that path off). The third stage needs CANN, so the adapter's output is
 kept instead: what only ``bishengir-compile`` rejects (an on-chip buffer overflow, say) is not caught here, and the
-Triton backend declines such an op at runtime. Each launch's program count is also checked against
-``ASCEND_MAX_PROGRAMS``. Then the launchers run again at a V4.1 prefill chunk (``PREFILL_TOKENS``, the largest
-chunk vLLM schedules by default) with ``TRITON_ALL_BLOCKS_PARALLEL=1``, the setting such chunks need: they must
-lower too, and the report lists the launches past the limit, which without that setting decline to the reference.
+Triton backend declines such an op at runtime. Then the launchers run again at a V4.1 prefill chunk
+(``PREFILL_TOKENS``, the largest chunk vLLM schedules by default), whose grids ``common.launch_chunks`` cuts into
+launches of at most ``ASCEND_MAX_PROGRAMS`` programs: every NPU launch is checked against that limit, and the
+report names the grids that were cut (one launch each with ``TRITON_ALL_BLOCKS_PARALLEL=1``).
 
 ``python -m tests.ops.triton_ascend_lowering`` prints one row per lowered kernel and path and exits 1 on any
 failure, 3 when the installed triton is not triton-ascend.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -184,22 +185,35 @@ def prefill_launches(tokens: int = PREFILL_TOKENS, context: int = PREFILL_CONTEX
     return [Launch(f"{label} T={tokens}", call) for label, call in calls.items()]
 
 
-def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[tuple[str, int]]:
-    """Runs ``launches``, adding what failed to lower to ``failures``; -> (label, programs) of each launch."""
-    grids = []
-    for launch in launches:
-        before = len(npu.programs)
-        try:
-            launch.call()
-        except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            text = [line for line in str(exc).splitlines() if line.strip() and not line.lstrip().startswith("#")]
-            causes = [line for line in text if re.search(r"error|assertion|failed", line, re.IGNORECASE)]
-            message = "\n".join((causes or text)[-12:])  # the adapter's own words, not its stack dump
-            failures.append(f"{path} {launch.label}: {type(exc).__name__} (raised at {where.filename}:"
-                            f"{where.lineno}):\n{message}\n")
-            continue
-        grids += [(launch.label, n) for n in npu.programs[before:]]
+def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[tuple[str, int, list[int]]]:
+    """Runs ``launches``, adding what failed to lower to ``failures``; -> (label, programs of the grid, programs of
+    each NPU launch it took) of every grid: ``common.launch_chunks`` cuts one past the limit into several."""
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    grids, label = [], None
+    whole = common.launch_chunks
+
+    def recording(*dims):
+        chunks = whole(*dims)
+        grids.append((label, math.prod(dims), [math.prod(grid) for _, grid in chunks]))
+        return chunks
+
+    with mock.patch.object(common, "launch_chunks", recording):
+        for launch in launches:
+            label, recorded = launch.label, len(grids)
+            try:
+                launch.call()
+            except Exception as exc:
+                del grids[recorded:], npu.programs[sum(len(launched) for _, _, launched in grids):]
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                text = [line for line in str(exc).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+                causes = [line for line in text if re.search(r"error|assertion|failed", line, re.IGNORECASE)]
+                message = "\n".join((causes or text)[-12:])  # the adapter's own words, not its stack dump
+                failures.append(f"{path} {launch.label}: {type(exc).__name__} (raised at {where.filename}:"
+                                f"{where.lineno}):\n{message}\n")
+    if [n for _, _, launched in grids for n in launched] != npu.programs:
+        failures.append(f"{path}: the driver saw other launches than launch_chunks made")
+    npu.programs.clear()
     return grids
 
 
@@ -208,24 +222,26 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
     from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS, BLOCKS_PARALLEL_ENV
 
     failures, lowered = [], []
-    with lowering_only(path, lowered) as npu:
-        for label, programs in _lower(path, npu, _launches(), failures):
-            if programs > ASCEND_MAX_PROGRAMS:
-                failures.append(f"{path} {label}: a launch of {programs} programs (NPU limit {ASCEND_MAX_PROGRAMS})")
-        with mock.patch.dict(os.environ, {BLOCKS_PARALLEL_ENV: "1"}):
-            prefill = _lower(path, npu, prefill_launches(), failures)
+    with lowering_only(path, lowered) as npu, mock.patch.dict(os.environ):
+        os.environ.pop(BLOCKS_PARALLEL_ENV, None)
+        grids = _lower(path, npu, _launches(), failures)
+        prefill = _lower(path, npu, prefill_launches(), failures)
+    failures += [f"{path} {label}: a launch of {n} programs (NPU limit {ASCEND_MAX_PROGRAMS})"
+                 for label, _, launched in grids + prefill for n in launched if n > ASCEND_MAX_PROGRAMS]
     modes = defaultdict(set)
     for metadata in lowered:
         modes[metadata["kernel_name"]].add(f"{metadata['mix_mode']}/{metadata['parallel_mode']}")
     failures += [f"{path} {name}: never lowered (no launch covers it)" for name in uncovered(set(modes))]
     rows = [f"{path:<7} {name:<40} {sum(m['kernel_name'] == name for m in lowered):>5}  {', '.join(sorted(kinds))}"
             for name, kinds in sorted(modes.items())]
-    largest = defaultdict(int)
-    for label, programs in prefill:
-        largest[label] = max(largest[label], programs)
-    over = [f"{label} ({programs})" for label, programs in largest.items() if programs > ASCEND_MAX_PROGRAMS]
-    rows.append(f"{path:<7} prefill chunk: {len(largest)} launchers lowered; past {ASCEND_MAX_PROGRAMS} programs, "
-                f"so needing {BLOCKS_PARALLEL_ENV}=1: {', '.join(over) or 'none'}")
+    cut = {}  # label -> (its largest grid that was cut, the launches that took)
+    for label, programs, launched in prefill:
+        if len(launched) > 1 and programs > cut.get(label, (0, 0))[0]:
+            cut[label] = (programs, len(launched))
+    listed = ", ".join(f"{label} ({programs} programs in {n} launches)" for label, (programs, n) in cut.items())
+    rows.append(f"{path:<7} prefill chunk: {len({label for label, _, _ in prefill})} launchers lowered; grids cut "
+                f"into launches of at most {ASCEND_MAX_PROGRAMS} programs (one launch each with "
+                f"{BLOCKS_PARALLEL_ENV}=1): {listed or 'none'}")
     return rows, failures
 
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRETED, TRITON_ASCEND, e2m1_decode, e4m3_decode, empty, launch_grid, next_pow2, split_count,
+from .common import (INTERPRETED, TRITON_ASCEND, e2m1_decode, e4m3_decode, empty, next_pow2, run_kernel, split_count,
                      ue8m0_decode)
 
 # Running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0 rather than NaN.
@@ -92,14 +92,14 @@ def _online_step(q, keys, valid, m, l, acc, softmax_scale, PV_FP32: tl.constexpr
 
 
 @triton.jit
-def _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, H, D, SPLIT: tl.constexpr):
+def _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, T, H, D, SPLIT: tl.constexpr):
     if SPLIT:
         split = tl.program_id(2)
         n_splits = tl.num_programs(2)
         row = (t * n_splits + split) * H + h  # partials [T, splits, H, D], stats [2, T, splits, H]
         tl.store(part_ptr + row[:, None] * D + d[None, :], acc, mask=qmask)
         tl.store(stat_ptr + row, m, mask=hmask)
-        tl.store(stat_ptr + tl.num_programs(0) * n_splits * H + row, l, mask=hmask)
+        tl.store(stat_ptr + T * n_splits * H + row, l, mask=hmask)
     else:
         o = acc / l[:, None]
         tl.store(o_ptr + (t * H + h)[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=qmask)
@@ -107,9 +107,9 @@ def _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, H
 
 @triton.jit
 def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, part_ptr, stat_ptr, H, D, K, keys_per_split,
-                             softmax_scale, HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr,
+                             softmax_scale, T, first_program, HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr,
                              PV_FP32: tl.constexpr, SPLIT: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)  # [HB]
     d = tl.arange(0, DP)
     hmask = h < H
@@ -127,7 +127,7 @@ def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, part_ptr, 
         keys = tl.load(kv_ptr + tl.maximum(idx, 0)[:, None] * D + d[None, :],
                        mask=valid[:, None] & (d[None, :] < D), other=0.0)  # [BK, DP]
         m, l, acc = _online_step(q, keys, valid, m, l, acc, softmax_scale, PV_FP32)
-    _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, H, D, SPLIT)
+    _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, T, H, D, SPLIT)
 
 
 @triton.jit
@@ -143,14 +143,14 @@ def _fp8_values(codes, HW_FP8: tl.constexpr):
 @triton.jit
 def _sparse_attention_records_kernel(q_ptr, win_ptr, win_slot_ptr, comp_ptr, comp_slot_ptr, sink_ptr, o_ptr,
                                      part_ptr, stat_ptr, H, D, W, C, win_stride, comp_stride, keys_per_split,
-                                     softmax_scale,
-                                     HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr, PV_FP32: tl.constexpr,
-                                     SPLIT: tl.constexpr, HW_FP8: tl.constexpr):
+                                     softmax_scale, T, first_program, HB: tl.constexpr, DP: tl.constexpr,
+                                     BK: tl.constexpr, PV_FP32: tl.constexpr, SPLIT: tl.constexpr,
+                                     HW_FP8: tl.constexpr):
     """As ``_sparse_attention_kernel``, with each query row's keys decoded from the cache records in registers:
     keys [0, W) are fp8_window records (D E4M3 bytes, then D / 32 UE8M0 scales), keys [W, W + C) nvfp4 records
     (D / 2 bytes of E2M1 pairs, even channel low, then D / 16 E4M3 scales), rows win_stride / comp_stride bytes
     apart. A split may span both segments."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     d = tl.arange(0, DP)
     hmask = h < H
@@ -185,21 +185,21 @@ def _sparse_attention_records_kernel(q_ptr, win_ptr, win_slot_ptr, comp_ptr, com
         scales = _fp8_values(tl.load(record + D // 2 + d[None, :] // 16, mask=lanes, other=56), HW_FP8)
         keys = (values * scales).to(q_ptr.dtype.element_ty)
         m, l, acc = _online_step(q, keys, valid, m, l, acc, softmax_scale, PV_FP32)
-    _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, H, D, SPLIT)
+    _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, T, H, D, SPLIT)
 
 
 @triton.jit
-def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, H, D, SPLITS: tl.constexpr, SP: tl.constexpr,
-                           DP: tl.constexpr):
+def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, T, H, D, first_program, SPLITS: tl.constexpr,
+                           SP: tl.constexpr, DP: tl.constexpr):
     """o[t, h] = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s), M = max(sink, m_s)."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, SP)
     d = tl.arange(0, DP)
     smask = s < SPLITS
     row = (t * SPLITS + s) * H + h  # [SP]
     m = tl.load(stat_ptr + row, mask=smask, other=EMPTY_MAX)
-    l = tl.load(stat_ptr + tl.num_programs(0) * SPLITS * H + row, mask=smask, other=0.0)
+    l = tl.load(stat_ptr + T * SPLITS * H + row, mask=smask, other=0.0)
     sink = tl.load(sink_ptr + h).to(tl.float32)
     top = tl.maximum(tl.max(m, axis=0), sink)
     w = tl.exp(m - top)  # [SP]
@@ -238,20 +238,20 @@ def _run(kernel, q: torch.Tensor, sink: torch.Tensor, keys_args: tuple, k: int, 
     if t == 0:
         return out
     launch, grid, keys_per_split = _plan(q, k, config)
-    grid = launch_grid(*grid)
     launch.update(constexprs)
     pointers, sizes = keys_args
     sink = sink.float().contiguous()
-    if grid[2] == 1:
-        kernel[grid](q.contiguous(), *pointers, sink, out, out, sink, h, d, *sizes, keys_per_split,
-                     float(softmax_scale), **launch)
+    splits = grid[2]
+    if splits == 1:
+        run_kernel(kernel, grid, q.contiguous(), *pointers, sink, out, out, sink, h, d, *sizes, keys_per_split,
+                   float(softmax_scale), t, **launch)
         return out
-    partials = torch.empty(t, grid[2], h, d, dtype=torch.float32, device=q.device)
-    stats = torch.empty(2, t, grid[2], h, dtype=torch.float32, device=q.device)  # running max, then running sum
-    kernel[grid](q.contiguous(), *pointers, sink, out, partials, stats, h, d, *sizes, keys_per_split,
-                 float(softmax_scale), **launch)
-    _combine_splits_kernel[launch_grid(t, h)](partials, stats, sink, out, h, d, SPLITS=grid[2], SP=next_pow2(grid[2]),
-                                              DP=launch["DP"])
+    partials = torch.empty(t, splits, h, d, dtype=torch.float32, device=q.device)
+    stats = torch.empty(2, t, splits, h, dtype=torch.float32, device=q.device)  # running max, then running sum
+    run_kernel(kernel, grid, q.contiguous(), *pointers, sink, out, partials, stats, h, d, *sizes, keys_per_split,
+               float(softmax_scale), t, **launch)
+    run_kernel(_combine_splits_kernel, (t, h), partials, stats, sink, out, t, h, d, SPLITS=splits, SP=next_pow2(splits),
+               DP=launch["DP"])
     return out
 
 

@@ -64,14 +64,26 @@ def programs_capped() -> bool:
     return TRITON_ASCEND and os.environ.get(BLOCKS_PARALLEL_ENV, "0").lower() not in ("1", "true")
 
 
-def launch_grid(*dims: int) -> tuple[int, ...]:
-    """A launch grid, checked against an NPU launch's limit (on CUDA the driver checks its own: 2^31 - 1 programs
-    along x, 65535 along y and z, which our launches keep to)."""
-    programs = math.prod(dims)
-    if programs > ASCEND_MAX_PROGRAMS and programs_capped():
-        raise GridTooLarge(f"{programs} programs in one launch; an NPU launch takes at most {ASCEND_MAX_PROGRAMS} "
-                           f"unless {BLOCKS_PARALLEL_ENV}=1")
-    return dims
+def launch_chunks(*dims: int) -> list[tuple[int, tuple[int, ...]]]:
+    """(first program along axis 0, grid) of each launch that covers a grid of ``dims`` programs: one launch, except
+    where an NPU launch's limit applies and the grid exceeds it, which cuts axis 0 into runs that fit. A grid whose
+    other axes alone exceed the limit raises GridTooLarge. (On CUDA the driver checks its own limits: 2^31 - 1
+    programs along x, 65535 along y and z, which our launches keep to.)"""
+    if math.prod(dims) <= ASCEND_MAX_PROGRAMS or not programs_capped():
+        return [(0, dims)]
+    per_first = math.prod(dims[1:])
+    if per_first > ASCEND_MAX_PROGRAMS:
+        raise GridTooLarge(f"{per_first} programs per index of a launch's first axis; an NPU launch takes at most "
+                           f"{ASCEND_MAX_PROGRAMS} unless {BLOCKS_PARALLEL_ENV}=1")
+    step = ASCEND_MAX_PROGRAMS // per_first
+    return [(first, (min(step, dims[0] - first), *dims[1:])) for first in range(0, dims[0], step)]
+
+
+def run_kernel(kernel, dims: tuple[int, ...], *args, **kwargs) -> None:
+    """Launches ``kernel`` over a grid of ``dims`` programs in the launches of ``launch_chunks``: every kernel here
+    adds its ``first_program`` argument to its axis-0 program id."""
+    for first, grid in launch_chunks(*dims):
+        kernel[grid](*args, first_program=first, **kwargs)
 
 
 def row_programs(rows: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, launch_grid, split_count, ue8m0_decode
+from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, run_kernel, split_count, ue8m0_decode
 
 SCALE_BLOCK = 32  # the checkpoint's scale granularity along K (and along N for FP8's 32x32 blocks)
 
@@ -94,8 +94,8 @@ def accumulate_dot(acc, x, w, DOT_FP32: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split, n_tiles, x_row_stride, w_row_stride,
-                   s_row_stride, out_row_stride, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   FP4: tl.constexpr, FLOAT_W: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr,
+                   s_row_stride, out_row_stride, first_program: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr, FP4: tl.constexpr, FLOAT_W: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr,
                    DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
     """out[m, g N + n] (or part[split, m, g N + n]) = sum over this split's k of x[m, g K + k] * value(w[g N + n, k])
     * scale(g N + n, k): group g = program_id(1) // n_tiles of a block-diagonal product (one group when not
@@ -103,8 +103,13 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
 
     w is E4M3 bytes [G N, K], E2M1 codes packed two per byte [G N, K / 2] (FP4), even k in the low nibble, or a
     float weight taken as stored (FLOAT_W, no scale); the scale of weight row r and column k is
-    s[r // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32."""
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    s[r // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32.
+
+    ``first_program`` is a constexpr here, unlike in the other kernels: as an argument, triton-ascend 3.2.0's
+    adapter crashed (a segfault in about one lowering in four of the FP4 specialisations). It is 0 except where an
+    NPU launch's limit cuts the grid (a new specialisation per cut), which V4.1's GEMMs reach from about 130K rows
+    (wo_a) and the LM head from 8K, more rows than it gets: logits are computed for the rows sampled from."""
+    m = (tl.program_id(0) + first_program) * BM + tl.arange(0, BM)
     group = tl.program_id(1) // n_tiles
     n = (tl.program_id(1) % n_tiles) * BN + tl.arange(0, BN)
     split = tl.program_id(2)
@@ -139,9 +144,9 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
 
 
 @triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(part_ptr, out_ptr, MN, first_program, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     """out[i] = sum over splits s (in order) of part[s, i], rounded once to the output dtype."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i = (tl.program_id(0) + first_program).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < MN
     total = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLITS):
@@ -203,13 +208,12 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, f
     if not INTERPRETED:
         launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
     partials = torch.empty(splits, rows, g * n, dtype=torch.float32, device=x.device) if splits > 1 else out
-    grid = launch_grid(triton.cdiv(rows, bm), g * n_tiles, splits)
-    _linear_kernel[grid](x2, weight, scale, out, partials, rows, n, k, k_per_split, n_tiles, g * k, weight.shape[1],
-                         0 if float_w else scale.shape[1], g * n, **launch)
+    run_kernel(_linear_kernel, (triton.cdiv(rows, bm), g * n_tiles, splits), x2, weight, scale, out, partials, rows, n,
+               k, k_per_split, n_tiles, g * k, weight.shape[1], 0 if float_w else scale.shape[1], g * n, **launch)
     if splits > 1:
         block = 1024
-        _sum_splits_kernel[launch_grid(triton.cdiv(rows * g * n, block))](partials, out, rows * g * n, SPLITS=splits,
-                                                                          BLOCK=block)
+        run_kernel(_sum_splits_kernel, (triton.cdiv(rows * g * n, block),), partials, out, rows * g * n, SPLITS=splits,
+                   BLOCK=block)
     return out
 
 

@@ -7,11 +7,11 @@ import triton
 import triton.language as tl
 
 from ...cache import record_bytes, to_device
-from .common import INTERPRETED, e2m1_decode, empty, launch_grid, next_pow2, ue8m0_decode
+from .common import INTERPRETED, e2m1_decode, empty, next_pow2, run_kernel, ue8m0_decode
 
 
 @triton.jit
-def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, tile_ptr, out_ptr, T, H, D, N, key_stride,
+def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, tile_ptr, out_ptr, T, H, D, N, key_stride, first_program,
                            TB: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
                            BF16_DOT: tl.constexpr, RECORDS: tl.constexpr, SB: tl.constexpr, TILES: tl.constexpr):
     """score[t, n] = sum_h relu(q[t, h] . k[n]) * w[t, h] for TB query rows and BN keys.
@@ -33,12 +33,12 @@ def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, tile_ptr, out_ptr, T, 
     the int32 tile table, whose rows score the key slots of row b of slot [B, N]; a tile never spans two
     sequences, so its key tile is shared as above. Slot -1 is no key (score 0)."""
     if TILES:
-        tile = tile_ptr + 3 * tl.program_id(0)
+        tile = tile_ptr + 3 * (tl.program_id(0) + first_program)
         rows = tl.load(tile + 1) + tl.arange(0, TB)  # [TB] query rows
         row_ok = tl.arange(0, TB) < tl.load(tile + 2)
         slot_ptr += tl.load(tile).to(tl.int64) * N
     else:
-        rows = tl.program_id(0) * TB + tl.arange(0, TB)
+        rows = (tl.program_id(0) + first_program) * TB + tl.arange(0, TB)
         row_ok = rows < T
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     h = tl.arange(0, HP)
@@ -103,11 +103,11 @@ def _scores(q: torch.Tensor, head_weights: torch.Tensor, keys: torch.Tensor, n: 
     bn = max(16, min(next_pow2(n), 1024 if INTERPRETED else 64))
     dp = max(16, next_pow2(d))
     tiles = to_device(query_tiles(query_counts, tb), q.device) if query_counts is not None else None
-    _indexer_scores_kernel[launch_grid(triton.cdiv(t, tb) if tiles is None else tiles.shape[0], triton.cdiv(n, bn))](
-        q.contiguous(), head_weights.contiguous(), keys, slots if slots is not None else keys,
-        tiles if tiles is not None else keys, out, t, h, d, n, key_stride, TB=tb, HP=hp, DP=dp,
-        BD=dp if INTERPRETED else min(dp, 64), BN=bn, BF16_DOT=not INTERPRETED, RECORDS=slots is not None,
-        SB=min(32, d), TILES=tiles is not None)
+    run_kernel(_indexer_scores_kernel, (triton.cdiv(t, tb) if tiles is None else tiles.shape[0], triton.cdiv(n, bn)),
+               q.contiguous(), head_weights.contiguous(), keys, slots if slots is not None else keys,
+               tiles if tiles is not None else keys, out, t, h, d, n, key_stride, TB=tb, HP=hp, DP=dp,
+               BD=dp if INTERPRETED else min(dp, 64), BN=bn, BF16_DOT=not INTERPRETED, RECORDS=slots is not None,
+               SB=min(32, d), TILES=tiles is not None)
     return out
 
 
@@ -144,10 +144,10 @@ def _ordered_key(s):
 
 
 @triton.jit
-def _topk_kernel(s_ptr, out_ptr, N, K, BN: tl.constexpr):
+def _topk_kernel(s_ptr, out_ptr, N, K, first_program, BN: tl.constexpr):
     """Exact top-k of one row: radix-select the k-th largest key (32 counting passes), then emit, in id order,
     every id above it and the lowest-id ties; ids with score -inf are dropped and the tail is -1."""
-    row = tl.program_id(0).to(tl.int64)
+    row = (tl.program_id(0) + first_program).to(tl.int64)
     base = s_ptr + row * N
     prefix = tl.zeros([], tl.int64)
     for bit in range(31, -1, -1):
@@ -189,14 +189,14 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     if t == 0 or k == 0:
         return out
     bn = max(16, min(next_pow2(max(n, k)), 4096 if INTERPRETED else 1024))
-    _topk_kernel[launch_grid(t)](scores.float().contiguous(), out, n, k, BN=bn)
+    run_kernel(_topk_kernel, (t,), scores.float().contiguous(), out, n, k, BN=bn)
     return out
 
 
 @triton.jit
-def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NBLK, BS: tl.constexpr, BB: tl.constexpr):
+def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NBLK, first_program, BS: tl.constexpr, BB: tl.constexpr):
     """block_score[t, b] = max of scores over block b; +inf for the block of the newest visible entry."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     b = tl.program_id(1) * BB + tl.arange(0, BB)
     e = b[:, None] * BS + tl.arange(0, BS)[None, :]
     s = tl.load(s_ptr + t * N + e, mask=(e < N) & (b[:, None] < NBLK), other=float("-inf"))
@@ -208,9 +208,9 @@ def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NBLK, BS: tl.constexpr, BB: tl
 
 
 @triton.jit
-def _expand_mask_kernel(ids_ptr, out_ptr, N, TOPB, BS: tl.constexpr, BB: tl.constexpr):
+def _expand_mask_kernel(ids_ptr, out_ptr, N, TOPB, first_program, BS: tl.constexpr, BB: tl.constexpr):
     """mask[t, n] = (n // BS) is one of the kept block ids (ids >= 0) of row t."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     n = tl.program_id(1) * BB + tl.arange(0, BB)
     keep = tl.zeros([BB], tl.int32)
     for j in range(0, TOPB):
@@ -231,11 +231,11 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, block_size: int,
     if bs != block_size:
         raise ValueError(f"candidate block size {block_size} must be a power of two for the Triton pre-filter")
     bb = max(1, min(next_pow2(n_blocks), 256))
-    _block_max_kernel[launch_grid(t, triton.cdiv(n_blocks, bb))](scores.float().contiguous(), visible.contiguous(),
-                                                                 block_scores, n, n_blocks, BS=block_size, BB=bb)
+    run_kernel(_block_max_kernel, (t, triton.cdiv(n_blocks, bb)), scores.float().contiguous(), visible.contiguous(),
+               block_scores, n, n_blocks, BS=block_size, BB=bb)
     ids = topk_indices(block_scores, top_blocks)  # kept blocks; -inf blocks come back as -1
     bbn = max(16, min(next_pow2(n), 4096 if INTERPRETED else 1024))
-    _expand_mask_kernel[launch_grid(t, triton.cdiv(n, bbn))](ids, out, n, ids.shape[1], BS=block_size, BB=bbn)
+    run_kernel(_expand_mask_kernel, (t, triton.cdiv(n, bbn)), ids, out, n, ids.shape[1], BS=block_size, BB=bbn)
     return out.bool()
 
 

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, launch_grid, next_pow2, split_count
+from .common import INTERPRETED, empty, next_pow2, run_kernel, split_count
 
 
 @triton.jit
@@ -25,8 +25,8 @@ def _sinkhorn_tile(x, valid, iters, eps):
 
 
 @triton.jit
-def _sinkhorn_kernel(x_ptr, out_ptr, S, iters, eps, SP: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _sinkhorn_kernel(x_ptr, out_ptr, S, iters, eps, first_program, SP: tl.constexpr):
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     i = tl.arange(0, SP)[:, None]
     o = tl.arange(0, SP)[None, :]
     valid = (i < S) & (o < S)
@@ -39,17 +39,18 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     t, s, _ = logits.shape
     out = empty(logits.shape, torch.float32, logits.device)
     if t:
-        _sinkhorn_kernel[launch_grid(t)](logits.float().contiguous(), out, s, iters, float(eps),
-                                         SP=max(2, next_pow2(s)))
+        run_kernel(_sinkhorn_kernel, (t,), logits.float().contiguous(), out, s, iters, float(eps),
+                   SP=max(2, next_pow2(s)))
     return out
 
 
 @triton.jit
-def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, MP: tl.constexpr, BK: tl.constexpr):
+def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, first_program, MP: tl.constexpr,
+                           BK: tl.constexpr):
     """One token, one slice of the S*d inputs: partial x . fn[m] for every mixing logit m and partial sum(x^2).
     Products accumulate elementwise and are reduced once at the end (a cross-thread reduction per step costs
     more than the loads); slices let a decode batch of a few tokens fill the GPU."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
     m = tl.arange(0, MP)
@@ -68,12 +69,12 @@ def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, M
 
 
 @triton.jit
-def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, iters,
-                          hc_eps, norm_eps, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, MP: tl.constexpr,
+def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, iters, hc_eps,
+                          norm_eps, first_program, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, MP: tl.constexpr,
                           SP: tl.constexpr):
     """mix[m] = (x . fn[m]) * rsqrt(mean(x^2) + eps) from the slices; logits -> pre, post, and the comb logits,
     taken as an [S, S] tile and Sinkhorn-normalised in registers (no separate Sinkhorn launch)."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     m = tl.arange(0, MP)
     split = tl.arange(0, SPLITS_P)
     parts = tl.load(part_ptr + (t * SPLITS + split[:, None]) * MP + m[None, :], mask=split[:, None] < SPLITS,
@@ -117,18 +118,17 @@ def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_ep
         splits = triton.cdiv(k, k_per_split)
         partials = torch.empty(t, splits, mp, dtype=torch.float32, device=streams.device)
         squares = torch.empty(t, splits, dtype=torch.float32, device=streams.device)
-        _hc_mix_partial_kernel[launch_grid(t, splits)](streams.contiguous(), fn.float().contiguous(), partials,
-                                                       squares, k, mm, k_per_split, MP=mp, BK=bk)
-        _hc_mix_finish_kernel[launch_grid(t)](partials, squares, base.float().contiguous(),
-                                              scale.float().contiguous(), pre, post, comb, s, k, iters, float(hc_eps),
-                                              float(norm_eps), SPLITS=splits, SPLITS_P=next_pow2(splits), MP=mp,
-                                              SP=max(2, next_pow2(s)))
+        run_kernel(_hc_mix_partial_kernel, (t, splits), streams.contiguous(), fn.float().contiguous(), partials,
+                   squares, k, mm, k_per_split, MP=mp, BK=bk)
+        run_kernel(_hc_mix_finish_kernel, (t,), partials, squares, base.float().contiguous(),
+                   scale.float().contiguous(), pre, post, comb, s, k, iters, float(hc_eps), float(norm_eps),
+                   SPLITS=splits, SPLITS_P=next_pow2(splits), MP=mp, SP=max(2, next_pow2(s)))
     return pre, post, comb
 
 
 @triton.jit
-def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, S, D, BD: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, S, D, first_program, BD: tl.constexpr):
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     acc = tl.zeros([BD], tl.float32)
     for s in range(0, S):
@@ -143,16 +143,17 @@ def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     out = empty((t, d), streams.dtype, streams.device)
     if t:
         bd = min(next_pow2(d), 8192 if INTERPRETED else 1024)
-        _hc_collapse_kernel[launch_grid(t, triton.cdiv(d, bd))](streams.contiguous(), pre.float().contiguous(), out,
-                                                                s, d, BD=bd)
+        run_kernel(_hc_collapse_kernel, (t, triton.cdiv(d, bd)), streams.contiguous(), pre.float().contiguous(), out, s,
+                   d, BD=bd)
     return out
 
 
 @triton.jit
-def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, S, D, eps, HAS_W: tl.constexpr, BD: tl.constexpr):
+def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, S, D, eps, first_program, HAS_W: tl.constexpr,
+                             BD: tl.constexpr):
     """One token: its collapsed row stays in registers between the collapse and the norm (no [T, d] round trip
     through memory, one launch instead of two)."""
-    t = tl.program_id(0).to(tl.int64)
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     d = tl.arange(0, BD)
     acc = tl.zeros([BD], tl.float32)
     for s in range(0, S):
@@ -176,15 +177,16 @@ def hc_collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight, eps: floa
     if t:
         bd = next_pow2(d)
         launch = {} if INTERPRETED else dict(num_warps=max(4, min(16, bd // 512)))
-        _hc_collapse_norm_kernel[launch_grid(t)](streams.contiguous(), pre.float().contiguous(),
-                                                 weight if weight is not None else streams, out, s, d, float(eps),
-                                                 HAS_W=weight is not None, BD=bd, **launch)
+        run_kernel(_hc_collapse_norm_kernel, (t,), streams.contiguous(), pre.float().contiguous(),
+                   weight if weight is not None else streams, out, s, d, float(eps), HAS_W=weight is not None, BD=bd,
+                   **launch)
     return out
 
 
 @triton.jit
-def _hc_expand_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, out_ptr, S, D, SP: tl.constexpr, BD: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _hc_expand_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, out_ptr, S, D, first_program, SP: tl.constexpr,
+                      BD: tl.constexpr):
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     s = tl.arange(0, SP)
     x = tl.load(x_ptr + (t * S + s[:, None]) * D + d[None, :], mask=(s[:, None] < S) & (d[None, :] < D),
@@ -205,7 +207,6 @@ def hc_expand(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb
     res = empty(streams.shape, streams.dtype, streams.device)
     if t:
         bd = min(next_pow2(d), 4096 if INTERPRETED else 256)
-        _hc_expand_kernel[launch_grid(t, triton.cdiv(d, bd))](streams.contiguous(), out.contiguous(),
-                                                              post.float().contiguous(), comb.float().contiguous(), res,
-                                                              s, d, SP=max(2, next_pow2(s)), BD=bd)
+        run_kernel(_hc_expand_kernel, (t, triton.cdiv(d, bd)), streams.contiguous(), out.contiguous(),
+                   post.float().contiguous(), comb.float().contiguous(), res, s, d, SP=max(2, next_pow2(s)), BD=bd)
     return res

@@ -8,12 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, launch_grid, next_pow2, row_programs
+from .common import INTERPRETED, empty, next_pow2, row_programs, run_kernel
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, rows, rows_per_program, HAS_W: tl.constexpr, BN: tl.constexpr):
-    first = tl.program_id(0).to(tl.int64) * rows_per_program
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, rows, rows_per_program, first_program, HAS_W: tl.constexpr,
+                     BN: tl.constexpr):
+    first = (tl.program_id(0) + first_program).to(tl.int64) * rows_per_program
     for r in range(first, tl.minimum(first + rows_per_program, rows)):
         sq = tl.zeros([BN], tl.float32)
         for n0 in range(0, N, BN):
@@ -35,14 +36,14 @@ def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     rows = x.numel() // max(n, 1)
     if rows:
         programs, per_program = row_programs(rows)
-        _rms_norm_kernel[launch_grid(programs)](x.contiguous(), weight if weight is not None else x, out, n,
-                                                float(eps), rows, per_program, HAS_W=weight is not None,
-                                                BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
+        run_kernel(_rms_norm_kernel, (programs,), x.contiguous(), weight if weight is not None else x, out, n,
+                   float(eps), rows, per_program, HAS_W=weight is not None,
+                   BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
     return out
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, rows, rows_per_program, BC: tl.constexpr,
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, rows, rows_per_program, first_program, BC: tl.constexpr,
                  BH: tl.constexpr):
     """Rows r of x [T*M, C] (token r // M): copy the first C - 2*HALF channels, rotate the interleaved pairs.
     The pairs are read and written as one dense [BH, 2] tile (not as two stride-2 vectors, whose masked
@@ -52,7 +53,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, rows, rows_per_pr
     k = tl.arange(0, BH)
     km = k < HALF
     pair = nope + 2 * k[:, None] + tl.arange(0, 2)[None, :]  # [BH, 2]
-    first = tl.program_id(0).to(tl.int64) * rows_per_program
+    first = (tl.program_id(0) + first_program).to(tl.int64) * rows_per_program
     for r in range(first, tl.minimum(first + rows_per_program, rows)):
         t = r // M
         x = tl.load(x_ptr + r * C + c, mask=c < nope, other=0.0)
@@ -80,8 +81,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inver
     rows = x.numel() // max(c, 1)
     if rows:
         programs, per_program = row_programs(rows)
-        _rope_kernel[launch_grid(programs)](x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, rows,
-                                            per_program, BC=next_pow2(c), BH=next_pow2(half))
+        run_kernel(_rope_kernel, (programs,), x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, rows,
+                   per_program, BC=next_pow2(c), BH=next_pow2(half))
     return out
 
 
@@ -95,8 +96,8 @@ def swiglu_values(g, u, limit, HAS_LIMIT: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_kernel(g_ptr, u_ptr, out_ptr, N, limit, HAS_LIMIT: tl.constexpr, BN: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
+def _swiglu_kernel(g_ptr, u_ptr, out_ptr, N, limit, first_program, HAS_LIMIT: tl.constexpr, BN: tl.constexpr):
+    n = (tl.program_id(0) + first_program).to(tl.int64) * BN + tl.arange(0, BN)
     g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + n, mask=n < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, swiglu_values(g, u, limit, HAS_LIMIT).to(out_ptr.dtype.element_ty), mask=n < N)
@@ -107,16 +108,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit) -> torch.Tensor:
     n = gate.numel()
     if n:
         bn = min(next_pow2(n), 65536 if INTERPRETED else 1024)
-        _swiglu_kernel[launch_grid(triton.cdiv(n, bn))](gate.contiguous(), up.contiguous(), out, n,
-                                                        float(limit) if limit is not None else 0.0,
-                                                        HAS_LIMIT=limit is not None, BN=bn)
+        run_kernel(_swiglu_kernel, (triton.cdiv(n, bn),), gate.contiguous(), up.contiguous(), out, n,
+                   float(limit) if limit is not None else 0.0, HAS_LIMIT=limit is not None, BN=bn)
     return out
 
 
 @triton.jit
-def _route_kernel(x_ptr, bias_ptr, w_ptr, id_ptr, E, bias_stride, routed_scale, K: tl.constexpr, KP: tl.constexpr,
-                  EP: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _route_kernel(x_ptr, bias_ptr, w_ptr, id_ptr, E, bias_stride, routed_scale, first_program, K: tl.constexpr,
+                  KP: tl.constexpr, EP: tl.constexpr):
+    t = (tl.program_id(0) + first_program).to(tl.int64)
     e = tl.arange(0, EP)
     x = tl.load(x_ptr + t * E + e, mask=e < E, other=0.0).to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
@@ -142,15 +142,15 @@ def sqrtsoftplus_route(logits: torch.Tensor, correction_bias: torch.Tensor, top_
     ids = empty((t, top_k), torch.int64, logits.device)
     if t:
         bias = correction_bias.float().contiguous()
-        _route_kernel[launch_grid(t)](logits.float().contiguous(), bias, weights, ids, e, e if bias.dim() == 2 else 0,
-                                      float(routed_scale), K=top_k, KP=next_pow2(top_k), EP=next_pow2(e))
+        run_kernel(_route_kernel, (t,), logits.float().contiguous(), bias, weights, ids, e, e if bias.dim() == 2 else 0,
+                   float(routed_scale), K=top_k, KP=next_pow2(top_k), EP=next_pow2(e))
     return weights, ids
 
 
 @triton.jit
 def _engram_hash_kernel(tok_ptr, mul_ptr, prime_ptr, off_ptr, out_ptr, T, G, HEADS,
-                        BT: tl.constexpr, HP: tl.constexpr):
-    t = tl.program_id(0) * BT + tl.arange(0, BT)
+                        first_program, BT: tl.constexpr, HP: tl.constexpr):
+    t = (tl.program_id(0) + first_program) * BT + tl.arange(0, BT)
     h = tl.arange(0, HP)
     tm = t < T
     r = tl.load(tok_ptr + t.to(tl.int64) * G, mask=tm, other=0) * tl.load(mul_ptr)
@@ -171,19 +171,19 @@ def engram_hash(ngram_tokens, multipliers, primes, offsets) -> torch.Tensor:
     out = empty((t, (g - 1) * heads), torch.int64, ngram_tokens.device)
     if t:
         bt = min(next_pow2(t), 1024 if INTERPRETED else 128)
-        _engram_hash_kernel[launch_grid(triton.cdiv(t, bt))](
-            ngram_tokens.long().contiguous(), multipliers.long().contiguous(), primes.long().contiguous(),
-            offsets.long().contiguous(), out, t, g, heads, BT=bt, HP=next_pow2(heads))
+        run_kernel(_engram_hash_kernel, (triton.cdiv(t, bt),), ngram_tokens.long().contiguous(),
+                   multipliers.long().contiguous(), primes.long().contiguous(), offsets.long().contiguous(), out, t, g,
+                   heads, BT=bt, HP=next_pow2(heads))
     return out
 
 
 @triton.jit
 def _engram_gate_kernel(x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, S, D, k_token_stride, v_token_stride, eps, inv_sqrt_d,
-                        BD: tl.constexpr):
+                        first_program, BD: tl.constexpr):
     """Stream s of token t, as program t * S + s: a stream's gate needs only its own row, so the streams of a
     decode token run on S multiprocessors instead of one. A pass over d sums the fp32 dot and both squares, a
     second writes h + gate * value. ``key`` and ``value`` rows may be strided slices of one wkv output row."""
-    row = tl.program_id(0).to(tl.int64)
+    row = (tl.program_id(0) + first_program).to(tl.int64)
     t = row // S
     s = row % S
     x_row = x_ptr + row * D
@@ -223,15 +223,16 @@ def engram_gate(streams, key, value, w, eps: float) -> torch.Tensor:
     if value.stride(-1) != 1:
         value = value.contiguous()
     if t:
-        _engram_gate_kernel[launch_grid(t * s)](streams.contiguous(), key, value, w.contiguous(), out, s, d,
-                                                key.stride(0), value.stride(0), float(eps), 1.0 / math.sqrt(d),
-                                                BD=min(next_pow2(d), 8192 if INTERPRETED else 1024))
+        run_kernel(_engram_gate_kernel, (t * s,), streams.contiguous(), key, value, w.contiguous(), out, s, d,
+                   key.stride(0), value.stride(0), float(eps), 1.0 / math.sqrt(d),
+                   BD=min(next_pow2(d), 8192 if INTERPRETED else 1024))
     return out
 
 
 @triton.jit
-def _csa2_kernel(v_ptr, g_ptr, w_ptr, out_ptr, R, C, eps, HAS_W: tl.constexpr, RP: tl.constexpr, CP: tl.constexpr):
-    grp = tl.program_id(0).to(tl.int64)
+def _csa2_kernel(v_ptr, g_ptr, w_ptr, out_ptr, R, C, eps, first_program, HAS_W: tl.constexpr, RP: tl.constexpr,
+                 CP: tl.constexpr):
+    grp = (tl.program_id(0) + first_program).to(tl.int64)
     r = tl.arange(0, RP)[:, None]
     c = tl.arange(0, CP)[None, :]
     mask = (r < R) & (c < C)
@@ -255,7 +256,7 @@ def csa2_compress(values, gates, ratio: int, norm_weight, eps: float, dtype: tor
     groups = n // ratio
     out = empty((groups, c), dtype, values.device)
     if groups:
-        _csa2_kernel[launch_grid(groups)](values.float().contiguous(), gates.float().contiguous(),
-                                          norm_weight if norm_weight is not None else values, out, ratio, c, float(eps),
-                                          HAS_W=norm_weight is not None, RP=max(2, next_pow2(ratio)), CP=next_pow2(c))
+        run_kernel(_csa2_kernel, (groups,), values.float().contiguous(), gates.float().contiguous(),
+                   norm_weight if norm_weight is not None else values, out, ratio, c, float(eps),
+                   HAS_W=norm_weight is not None, RP=max(2, next_pow2(ratio)), CP=next_pow2(c))
     return out

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ...moe import ExpertWeights, sort_by_expert
-from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty, launch_grid
+from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty, run_kernel
 from .gemm import SCALE_BLOCK, accumulate_dot, apply_block_scale, fp4_codes
 from .misc import swiglu_values
 
@@ -52,10 +52,10 @@ COMBINE_BLOCK = 256
 
 
 @triton.jit
-def _block_rows(order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, BM: tl.constexpr):
+def _block_rows(order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, first_program, BM: tl.constexpr):
     """This program's block: (its expert, -1 past the real blocks; its sorted rows; their mask; their
     assignment ids token * TOP_K + slot)."""
-    block = tl.program_id(0)
+    block = tl.program_id(0) + first_program
     expert = tl.load(block_expert_ptr + block)
     rows = tl.load(block_row0_ptr + block) + tl.arange(0, BM)
     row_mask = rows < tl.load(block_row_end_ptr + block)  # an unused block's rows are [0, 0)
@@ -65,12 +65,12 @@ def _block_rows(order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, 
 
 @triton.jit
 def _moe_gate_up_kernel(x_ptr, route_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr,
-                        w1_ptr, s1_ptr, w3_ptr, s3_ptr, act_ptr, D, I, limit,
+                        w1_ptr, s1_ptr, w3_ptr, s3_ptr, act_ptr, D, I, limit, first_program,
                         TOP_K: tl.constexpr, HAS_LIMIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, DOT_FP32: tl.constexpr):
     """act[row, n] = route_weight * swiglu(x w1_e^T, x w3_e^T)[n] for the block's rows (sorted by expert)."""
     expert, rows, row_mask, assignment = _block_rows(order_ptr, block_expert_ptr, block_row0_ptr,
-                                                     block_row_end_ptr, BM)
+                                                     block_row_end_ptr, first_program, BM)
     if expert >= 0:
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_mask = n < I
@@ -96,11 +96,11 @@ def _moe_gate_up_kernel(x_ptr, route_ptr, order_ptr, block_expert_ptr, block_row
 
 
 @triton.jit
-def _moe_down_kernel(act_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, w2_ptr, s2_ptr,
-                     y_ptr, D, I, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr):
+def _moe_down_kernel(act_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, w2_ptr, s2_ptr, y_ptr, D,
+                     I, first_program, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr):
     """y[assignment, n] = (act[row] w2_e^T)[n] for the block's rows, in the activations' dtype."""
     expert, rows, row_mask, assignment = _block_rows(order_ptr, block_expert_ptr, block_row0_ptr,
-                                                     block_row_end_ptr, BM)
+                                                     block_row_end_ptr, first_program, BM)
     if expert >= 0:
         n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_mask = n < D
@@ -118,9 +118,9 @@ def _moe_down_kernel(act_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block
 
 
 @triton.jit
-def _moe_combine_kernel(y_ptr, slot_order_ptr, out_ptr, D, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_combine_kernel(y_ptr, slot_order_ptr, out_ptr, D, first_program, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[t, n] = sum over j of y[t * TOP_K + slot_order[t, j], n] in fp32, j ascending."""
-    token = tl.program_id(0).to(tl.int64)
+    token = (tl.program_id(0) + first_program).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = n < D
     total = tl.zeros([BLOCK], tl.float32)
@@ -186,15 +186,15 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     if not INTERPRETED:
         launch.update(num_warps=config.num_warps, num_stages=config.num_stages)
     tables = (order, block_expert, block_row0, block_row_end)
-    _moe_gate_up_kernel[launch_grid(blocks, triton.cdiv(inter, config.block_n))](
-        x, route_weights.float().contiguous(), *tables, *weights, act, dim, inter,
-        float(swiglu_limit or 0.0), TOP_K=top_k, HAS_LIMIT=swiglu_limit is not None, BN=config.block_n, **launch)
+    run_kernel(_moe_gate_up_kernel, (blocks, triton.cdiv(inter, config.block_n)), x, route_weights.float().contiguous(),
+               *tables, *weights, act, dim, inter, float(swiglu_limit or 0.0), TOP_K=top_k,
+               HAS_LIMIT=swiglu_limit is not None, BN=config.block_n, **launch)
     down_n = config.block_n  # narrower output tiles when the blocks alone leave multiprocessors idle
     while down_n > 32 and blocks * triton.cdiv(dim, down_n) < ONE_WAVE_PROGRAMS and not INTERPRETED:
         down_n //= 2
-    _moe_down_kernel[launch_grid(blocks, triton.cdiv(dim, down_n))](act, *tables, w2, s2, y, dim, inter, BN=down_n,
-                                                                    **launch)
+    run_kernel(_moe_down_kernel, (blocks, triton.cdiv(dim, down_n)), act, *tables, w2, s2, y, dim, inter, BN=down_n,
+               **launch)
     slot_order = expert_ids.argsort(dim=1, stable=True)
-    _moe_combine_kernel[launch_grid(tokens, triton.cdiv(dim, COMBINE_BLOCK))](y, slot_order, out, dim, TOP_K=top_k,
-                                                                              BLOCK=COMBINE_BLOCK)
+    run_kernel(_moe_combine_kernel, (tokens, triton.cdiv(dim, COMBINE_BLOCK)), y, slot_order, out, dim, TOP_K=top_k,
+               BLOCK=COMBINE_BLOCK)
     return out

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ...cache import CACHE_FORMATS, record_bytes
-from .common import (INTERPRETED, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, launch_grid, next_pow2,
-                     pow2_ceil, pow2_reciprocal, ue8m0_decode)
+from .common import (INTERPRETED, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, next_pow2, pow2_ceil,
+                     pow2_reciprocal, run_kernel, ue8m0_decode)
 
 FP8, NVFP4, MXFP4 = 0, 1, 2
 FMT_ID = {"fp8_window": FP8, "nvfp4": NVFP4, "mxfp4": MXFP4}
@@ -45,11 +45,11 @@ def _quant_block(x, mask, FMT: tl.constexpr):
 
 @triton.jit
 def _quantize_kernel(x_ptr, out_ptr, scales_ptr, rec_ptr, slots_ptr, n_blocks, D, R,
-                     BLK: tl.constexpr, BLK_P: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr,
+                     first_program, BLK: tl.constexpr, BLK_P: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr,
                      MODE: tl.constexpr, HAS_SLOTS: tl.constexpr):
     """NB consecutive blocks per program, read as one contiguous tile (vector loads); FP4 codes are paired into
     bytes in registers."""
-    blocks = tl.program_id(0) * NB + tl.arange(0, NB)  # [NB] global block ids
+    blocks = (tl.program_id(0) + first_program) * NB + tl.arange(0, NB)  # [NB] global block ids
     c = tl.arange(0, BLK_P)  # column inside the block
     bmask = blocks < n_blocks
     mask = bmask[:, None] & (c[None, :] < BLK)
@@ -86,10 +86,10 @@ def _quantize_kernel(x_ptr, out_ptr, scales_ptr, rec_ptr, slots_ptr, n_blocks, D
 
 @triton.jit
 def _dequant_kernel(data_ptr, scale_ptr, ids_ptr, out_ptr, n_rows, D, data_stride, scale_stride, scale_off,
-                    SROW, BLK: tl.constexpr, RB: tl.constexpr, BD: tl.constexpr, FP4: tl.constexpr,
+                    SROW, first_program, BLK: tl.constexpr, RB: tl.constexpr, BD: tl.constexpr, FP4: tl.constexpr,
                     SCALE_KIND: tl.constexpr, HAS_IDS: tl.constexpr):
     """out[r, c] = value(data[src, c]) * scale[src // SROW, c // BLK]; src = ids[r] (or r); src < 0 -> 0."""
-    rows = tl.program_id(0) * RB + tl.arange(0, RB)
+    rows = (tl.program_id(0) + first_program) * RB + tl.arange(0, RB)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     rmask = rows < n_rows
     mask = rmask[:, None] & (cols[None, :] < D)
@@ -130,10 +130,10 @@ def _launch_quantize(x: torch.Tensor, block: int, fmt: int, mode: int, out=None,
     blk_p = max(2, next_pow2(block))
     nb = min(next_pow2(n_blocks), max(1, (16384 if INTERPRETED else 2048) // blk_p))
     dummy = x
-    _quantize_kernel[launch_grid(triton.cdiv(n_blocks, nb))](
-        x, out if out is not None else dummy, scales if scales is not None else dummy,
-        records if records is not None else dummy, slots if slots is not None else dummy,
-        n_blocks, d, record_len, BLK=block, BLK_P=blk_p, NB=nb, FMT=fmt, MODE=mode, HAS_SLOTS=slots is not None)
+    run_kernel(_quantize_kernel, (triton.cdiv(n_blocks, nb),), x, out if out is not None else dummy,
+               scales if scales is not None else dummy, records if records is not None else dummy,
+               slots if slots is not None else dummy, n_blocks, d, record_len, BLK=block, BLK_P=blk_p, NB=nb, FMT=fmt,
+               MODE=mode, HAS_SLOTS=slots is not None)
 
 
 def _fake(x: torch.Tensor, block: int, fmt: int) -> torch.Tensor:
@@ -198,10 +198,9 @@ def _launch_dequant(data, scale, scale_kind, ids, n_rows, d, data_stride, scale_
         return out
     bd = min(next_pow2(d), 1024)
     rb = max(1, min(next_pow2(n_rows), (16384 if INTERPRETED else 4096) // bd))
-    grid = launch_grid(triton.cdiv(n_rows, rb), triton.cdiv(d, bd))
-    _dequant_kernel[grid](data, scale, ids if ids is not None else data, out, n_rows, d, data_stride, scale_stride,
-                          scale_off, srow, BLK=block, RB=rb, BD=bd, FP4=fp4, SCALE_KIND=scale_kind,
-                          HAS_IDS=ids is not None)
+    run_kernel(_dequant_kernel, (triton.cdiv(n_rows, rb), triton.cdiv(d, bd)), data, scale,
+               ids if ids is not None else data, out, n_rows, d, data_stride, scale_stride, scale_off, srow, BLK=block,
+               RB=rb, BD=bd, FP4=fp4, SCALE_KIND=scale_kind, HAS_IDS=ids is not None)
     return out
 
 
