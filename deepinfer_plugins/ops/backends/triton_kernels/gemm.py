@@ -95,8 +95,8 @@ def accumulate_dot(acc, x, w, DOT_FP32: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split, n_tiles, x_row_stride, w_row_stride,
                    s_row_stride, out_row_stride, first_program: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr, FP4: tl.constexpr, FLOAT_W: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_BYTES: tl.constexpr,
-                   DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
+                   BK: tl.constexpr, FP4: tl.constexpr, FLOAT_W: tl.constexpr, SCALE_ROWS: tl.constexpr,
+                   SCALE_BYTES: tl.constexpr, DOT_FP32: tl.constexpr, SPLIT: tl.constexpr):
     """out[m, g N + n] (or part[split, m, g N + n]) = sum over this split's k of x[m, g K + k] * value(w[g N + n, k])
     * scale(g N + n, k): group g = program_id(1) // n_tiles of a block-diagonal product (one group when not
     grouped), its N columns in n_tiles tiles of BN.
