@@ -55,7 +55,7 @@ def can_run(t: torch.Tensor) -> bool:
 
 
 class GridTooLarge(Exception):
-    """A launch of more programs than the target takes; the op declines the call rather than launch it."""
+    """A grid that no cut of its first axis fits into launches the target takes; the op declines the call."""
 
 
 def programs_capped() -> bool:
