@@ -35,10 +35,10 @@ def _cases(g):
     w4, s4 = ops.quantize_fp4_weight(randn(64, 96))
     table, table_scale = ops.quantize_fp8_rows(randn(50, 64))
     records = ops.pack_cache_records(randn(40, 64), "fp8_window")
-    window, window_slots = ops.pack_cache_records(randn(30, 64), "fp8_window"), torch.randint(-1, 30, (5, 9),
-                                                                                            generator=g)
-    compressed, compressed_slots = ops.pack_cache_records(randn(20, 64), "nvfp4"), torch.randint(-1, 20, (5, 7),
-                                                                                                generator=g)
+    window = ops.pack_cache_records(randn(30, 64), "fp8_window")
+    window_slots = torch.randint(-1, 30, (5, 9), generator=g)
+    compressed = ops.pack_cache_records(randn(20, 64), "nvfp4")
+    compressed_slots = torch.randint(-1, 20, (5, 7), generator=g)
     keys = ops.pack_cache_records(randn(70, 128), "mxfp4")
     key_slots = torch.randint(-1, 70, (3, 40), generator=g)
     scores = randn(4, 70)
@@ -47,25 +47,25 @@ def _cases(g):
     split_config = attention.AttentionConfig(head_block=16, key_block=16, splits=3)
     return {
         "fp8_fake_quant": partial(quant.fp8_fake_quant, randn(1100, 32)),
-        "cache_gather": partial(quant.cache_gather, records, torch.randint(-1, 40, (300, 2), generator=g),
-                                                   "fp8_window", 64, torch.float32),
+        "cache_gather": partial(quant.cache_gather, records, torch.randint(-1, 40, (300, 2), generator=g), "fp8_window",
+                                64, torch.float32),
         "engram_gather": partial(quant.engram_gather, table, table_scale, torch.randint(0, 50, (300, 2), generator=g),
-                                                     torch.float32),
+                                 torch.float32),
         "sparse_attention split": partial(attention.sparse_attention, randn(3, 40, 64), randn(50, 64),
-                                                                     torch.randint(-1, 50, (3, 75), generator=g),
-                                                                     randn(40), 0.125, config=split_config),
-        "sparse_attention_records": partial(attention.sparse_attention_records, 
-            randn(5, 20, 64), window, window_slots, compressed, compressed_slots, randn(20), 0.125),
+                                          torch.randint(-1, 50, (3, 75), generator=g), randn(40), 0.125,
+                                          config=split_config),
+        "sparse_attention_records": partial(attention.sparse_attention_records, randn(5, 20, 64), window, window_slots,
+                                            compressed, compressed_slots, randn(20), 0.125),
         "linear_fp8 split-K": partial(gemm.linear_fp8, randn(70, 96), w8, s8,
-                                                      config=gemm.GemmConfig(16, 16, 32, 4, 2, split_k=3)),
+                                      config=gemm.GemmConfig(16, 16, 32, 4, 2, split_k=3)),
         "linear_fp4": partial(gemm.linear_fp4, randn(70, 96), w4, s4, config=gemm.GemmConfig(16, 16, 32, 4, 2)),
         "indexer_scores_records": partial(indexer.indexer_scores_records, randn(6, 32, 128), randn(6, 32), keys,
-                                                                         key_slots, [1, 3, 2]),
+                                          key_slots, [1, 3, 2]),
         "topk_indices": partial(indexer.topk_indices, scores, 5),
         "candidate_mask": partial(indexer.candidate_mask, scores, torch.tensor([70, 33, 64, 1]), 8, 3),
         "sinkhorn": partial(mhc.sinkhorn, randn(5, 4, 4), 20, 1e-6),
-        "hc_coefficients": partial(mhc.hc_coefficients, streams, randn(24, 4 * 96), randn(24), randn(3), 20, 1e-6,
-                                                       1e-6, splits=2),
+        "hc_coefficients": partial(mhc.hc_coefficients, streams, randn(24, 4 * 96), randn(24), randn(3), 20, 1e-6, 1e-6,
+                                   splits=2),
         "hc_collapse": partial(mhc.hc_collapse, streams, randn(5, 4)),
         "hc_collapse_norm": partial(mhc.hc_collapse_norm, streams, randn(5, 4), randn(96), 1e-6),
         "hc_expand": partial(mhc.hc_expand, streams, randn(5, 96), randn(5, 4), randn(5, 4, 4)),
@@ -74,15 +74,15 @@ def _cases(g):
         "swiglu": partial(misc.swiglu, randn(3, 50000), randn(3, 50000), 10.0),
         "sqrtsoftplus_route": partial(misc.sqrtsoftplus_route, randn(9, 64), randn(64), 6, 1.5),
         "engram_hash": partial(misc.engram_hash, torch.randint(0, 99092, (2100, 4), generator=g),
-                                                torch.randint(1, 2 ** 40, (4,), generator=g),
-                                                torch.randint(2 ** 20, 2 ** 24, (3, 8), generator=g),
-                                                torch.randint(0, 2 ** 30, (3, 8), generator=g)),
+                               torch.randint(1, 2 ** 40, (4,), generator=g),
+                               torch.randint(2 ** 20, 2 ** 24, (3, 8), generator=g),
+                               torch.randint(0, 2 ** 30, (3, 8), generator=g)),
         "engram_gate": partial(misc.engram_gate, randn(3, 4, 64, dtype=bf16), randn(3, 4, 64), randn(3, 64),
-                                                randn(4, 64), 1e-6),
+                               randn(4, 64), 1e-6),
         "csa2_compress": partial(misc.csa2_compress, randn(8, 48), randn(8, 48), 2, randn(48), 1e-6, torch.float32),
         "moe_experts": partial(moe.moe_experts, randn(7, 64), torch.rand(7, 2, generator=g),
-                                               torch.randint(0, 3, (7, 2), generator=g), experts, 10.0,
-                                               config=moe.MoeConfig(16, 32, 32)),
+                               torch.randint(0, 3, (7, 2), generator=g), experts, 10.0,
+                               config=moe.MoeConfig(16, 32, 32)),
     }
 
 
