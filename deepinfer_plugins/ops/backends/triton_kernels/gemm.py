@@ -106,9 +106,10 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     s[r // SCALE_ROWS, k // 32], UE8M0 bytes (SCALE_BYTES) or fp32.
 
     ``first_program`` is a constexpr here, unlike in the other kernels: as an argument, triton-ascend 3.2.0's
-    adapter crashed (a segfault in about one lowering in four of the FP4 specialisations). It is 0 except where an
-    NPU launch's limit cuts the grid (a new specialisation per cut), which V4.1's GEMMs reach from about 130K rows
-    (wo_a) and the LM head from 8K, more rows than it gets: logits are computed for the rows sampled from."""
+    adapter crashed at random on the FP4 specialisations (a segfault in 4 of 10 lowerings of them). It is 0 except
+    where an NPU launch's limit cuts the grid (a new specialisation per cut), which V4.1's GEMMs reach from about
+    130K rows (wo_a) and the LM head from 8K, more rows than it gets: logits are computed for the rows sampled
+    from."""
     m = (tl.program_id(0) + first_program) * BM + tl.arange(0, BM)
     group = tl.program_id(1) // n_tiles
     n = (tl.program_id(1) % n_tiles) * BN + tl.arange(0, BN)
