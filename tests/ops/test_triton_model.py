@@ -77,8 +77,7 @@ def test_npu_tensors_run_only_under_triton_ascend(monkeypatch):
 def test_a_grid_past_the_npu_limit_is_cut_along_its_first_axis(monkeypatch):
     """Under triton-ascend a grid of more programs than an NPU launch takes becomes several launches, each a run of
     the first axis (the kernels add ``first_program`` to their axis-0 program id); a grid whose other axes alone
-    pass the limit cannot be cut and raises GridTooLarge. RMSNorm and RoPE (rows of query heads) take runs of rows
-    per program instead. The limit is lowered to 4 here."""
+    pass the limit cannot be cut and raises GridTooLarge. The limit is lowered to 4 here."""
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
     monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
@@ -91,7 +90,6 @@ def test_a_grid_past_the_npu_limit_is_cut_along_its_first_axis(monkeypatch):
     assert common.launch_chunks(5, 2) == [(0, (2, 2)), (2, (2, 2)), (4, (1, 2))]
     with pytest.raises(common.GridTooLarge, match="5 programs per index"):
         common.launch_chunks(2, 5)
-    assert common.row_programs(9) == (3, 3) and common.row_programs(4) == (4, 1)
 
 
 def test_a_grid_that_cannot_be_cut_declines_to_the_reference(monkeypatch, caplog, gen):
@@ -121,14 +119,13 @@ def test_a_grid_that_cannot_be_cut_declines_to_the_reference(monkeypatch, caplog
                                               ("false", True)])
 def test_triton_all_blocks_parallel_lifts_the_npu_launch_limit(monkeypatch, setting, capped):
     """With triton-ascend's TRITON_ALL_BLOCKS_PARALLEL on (as its compiler and launcher parse it), its compiler
-    loops each core over the programs: every grid is one launch, and the per-row kernels take a row per program."""
+    loops each core over the programs: every grid is one launch."""
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
     monkeypatch.setattr(common, "TRITON_ASCEND", True)
     monkeypatch.setattr(common, "ASCEND_MAX_PROGRAMS", 4)
     monkeypatch.setenv(common.BLOCKS_PARALLEL_ENV, setting)
     assert common.programs_capped() is capped
-    assert common.row_programs(9) == ((3, 3) if capped else (9, 1))
     assert len(common.launch_chunks(5, 2)) == (3 if capped else 1)
     if capped:
         with pytest.raises(common.GridTooLarge):
@@ -150,6 +147,29 @@ def test_no_kernel_depends_on_the_order_of_its_programs():
         text = source.read_text()
         for construct in ("atomic_", "debug_barrier", "tl.inline_asm"):
             assert construct not in text, f"{source.name} uses {construct}"
+
+
+def test_every_launch_of_a_cut_grid_takes_one_binary():
+    """``run_kernel`` passes a grid's start as ``first_program``; a kernel that let Triton specialise on it would
+    compile anew for a launch that starts at a multiple of 16 or not (on an NPU, mid-serving). Every kernel must
+    be decorated with ``cut_launch_jit`` (``do_not_specialize``) or take it as a constexpr (the GEMM, for
+    triton-ascend's adapter). tests/ops/triton_ascend_lowering.py checks the compiled binaries of cut grids."""
+    import ast
+    from pathlib import Path
+
+    from deepinfer_plugins.ops.backends import triton_kernels
+
+    kernels = 0
+    for source in sorted(Path(triton_kernels.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not isinstance(node, ast.FunctionDef) or not node.decorator_list or not node.name.endswith("_kernel"):
+                continue
+            kernels += 1
+            start = {arg.arg: arg for arg in node.args.args}["first_program"]
+            decorator = ast.unparse(node.decorator_list[0])
+            constexpr = start.annotation is not None and ast.unparse(start.annotation) == "tl.constexpr"
+            assert decorator == "cut_launch_jit" or constexpr, f"{source.name}: {node.name} is @{decorator}"
+    assert kernels == 27
 
 
 def test_a_kernel_triton_ascend_cannot_compile_falls_back_for_good(monkeypatch, caplog):

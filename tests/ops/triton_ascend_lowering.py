@@ -10,8 +10,9 @@ NPU, once per code path of the wheel: Atlas A2/A3 (its default) and 910_95 (``co
 kept instead: what only ``bishengir-compile`` rejects (an on-chip buffer overflow, say) is not caught here, and the
 Triton backend declines such an op at runtime. Then the launchers run again at a V4.1 prefill chunk
 (``PREFILL_TOKENS``, the largest chunk vLLM schedules by default), whose grids ``common.launch_chunks`` cuts into
-launches of at most ``ASCEND_MAX_PROGRAMS`` programs: every NPU launch is checked against that limit, and the
-report names the grids that were cut (one launch each with ``TRITON_ALL_BLOCKS_PARALLEL=1``).
+launches of at most ``ASCEND_MAX_PROGRAMS`` programs: every NPU launch is checked against that limit, the launches
+of one grid must share one binary, and the report names the grids that were cut (one launch each with
+``TRITON_ALL_BLOCKS_PARALLEL=1``).
 
 ``python -m tests.ops.triton_ascend_lowering`` prints one row per lowered kernel and path and exits 1 on any
 failure, 3 when the installed triton is not triton-ascend.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import re
@@ -58,22 +60,26 @@ class _CompileOnlyUtils:
         return {"max_shared_mem": 1}  # the NPU compiler reports shared = 1; on-chip buffers are CANN's to check
 
     def load_binary(self, name, kernel, shared, device):
-        return None, kernel, 0, 0
+        return name, kernel, 0, 0  # a module that is not None: Triton then keeps the kernel's launcher
 
 
 class CompileOnlyNpuDriver:
-    """Stands in for triton-ascend's NPUDriver: an NPU target and no device. Launches only record their grid. The
-    device number is the path's, so that kernels lowered for different paths do not share a JITFunction cache."""
+    """Stands in for triton-ascend's NPUDriver: an NPU target and no device. Launches only record their grid and
+    which compiled binary they ran (Triton makes a launcher per binary). The device number is the path's, so that
+    kernels lowered for different paths do not share a JITFunction cache."""
 
     def __init__(self, arch: str, device: int):
         self.target = GPUTarget("npu", arch, 0)
         self.device = device
         self.utils = _CompileOnlyUtils()
-        self.programs: list[int] = []
+        self.launches: list[tuple[int, int]] = []  # (programs, binary) per launch
+        self._binaries = itertools.count()
 
     def launcher_cls(self, src, metadata):
+        binary = next(self._binaries)
+
         def launch(grid_x, grid_y, grid_z, *args):
-            self.programs.append(grid_x * grid_y * grid_z)
+            self.launches.append((grid_x * grid_y * grid_z, binary))
 
         return launch
 
@@ -204,16 +210,23 @@ def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[
             try:
                 launch.call()
             except Exception as exc:
-                del grids[recorded:], npu.programs[sum(len(launched) for _, _, launched in grids):]
+                del grids[recorded:], npu.launches[sum(len(launched) for _, _, launched in grids):]
                 where = traceback.extract_tb(exc.__traceback__)[-1]
                 text = [line for line in str(exc).splitlines() if line.strip() and not line.lstrip().startswith("#")]
                 causes = [line for line in text if re.search(r"error|assertion|failed", line, re.IGNORECASE)]
                 message = "\n".join((causes or text)[-12:])  # the adapter's own words, not its stack dump
                 failures.append(f"{path} {launch.label}: {type(exc).__name__} (raised at {where.filename}:"
                                 f"{where.lineno}):\n{message}\n")
-    if [n for _, _, launched in grids for n in launched] != npu.programs:
+    if [n for _, _, launched in grids for n in launched] != [programs for programs, _ in npu.launches]:
         failures.append(f"{path}: the driver saw other launches than launch_chunks made")
-    npu.programs.clear()
+    else:
+        binaries = iter(binary for _, binary in npu.launches)
+        for label, _, launched in grids:
+            taken = {next(binaries) for _ in launched}
+            if len(taken) > 1:
+                failures.append(f"{path} {label}: the {len(launched)} launches of one grid took {len(taken)} "
+                                "binaries (the kernel specialises on first_program)")
+    npu.launches.clear()
     return grids
 
 

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (INTERPRETED, TRITON_ASCEND, e2m1_decode, e4m3_decode, empty, next_pow2, run_kernel, split_count,
-                     ue8m0_decode)
+from .common import (INTERPRETED, TRITON_ASCEND, cut_launch_jit, e2m1_decode, e4m3_decode, empty, next_pow2, run_kernel,
+                     split_count, ue8m0_decode)
 
 # Running max of a split that has seen no valid key yet: finite, so exp(EMPTY_MAX - m) = 0 rather than NaN.
 EMPTY_MAX = tl.constexpr(-1.0e30)
@@ -105,7 +105,7 @@ def _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, T
         tl.store(o_ptr + (t * H + h)[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty), mask=qmask)
 
 
-@triton.jit
+@cut_launch_jit
 def _sparse_attention_kernel(q_ptr, kv_ptr, idx_ptr, sink_ptr, o_ptr, part_ptr, stat_ptr, H, D, K, keys_per_split,
                              softmax_scale, T, first_program, HB: tl.constexpr, DP: tl.constexpr, BK: tl.constexpr,
                              PV_FP32: tl.constexpr, SPLIT: tl.constexpr):
@@ -140,7 +140,7 @@ def _fp8_values(codes, HW_FP8: tl.constexpr):
     return e4m3_decode(codes.to(tl.int32))
 
 
-@triton.jit
+@cut_launch_jit
 def _sparse_attention_records_kernel(q_ptr, win_ptr, win_slot_ptr, comp_ptr, comp_slot_ptr, sink_ptr, o_ptr,
                                      part_ptr, stat_ptr, H, D, W, C, win_stride, comp_stride, keys_per_split,
                                      softmax_scale, T, first_program, HB: tl.constexpr, DP: tl.constexpr,
@@ -188,7 +188,7 @@ def _sparse_attention_records_kernel(q_ptr, win_ptr, win_slot_ptr, comp_ptr, com
     _write_result(o_ptr, part_ptr, stat_ptr, t, h, d, hmask, qmask, m, l, acc, T, H, D, SPLIT)
 
 
-@triton.jit
+@cut_launch_jit
 def _combine_splits_kernel(part_ptr, stat_ptr, sink_ptr, o_ptr, T, H, D, first_program, SPLITS: tl.constexpr,
                            SP: tl.constexpr, DP: tl.constexpr):
     """o[t, h] = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s), M = max(sink, m_s)."""

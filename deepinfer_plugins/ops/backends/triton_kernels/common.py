@@ -86,12 +86,11 @@ def run_kernel(kernel, dims: tuple[int, ...], *args, **kwargs) -> None:
         kernel[grid](*args, first_program=first, **kwargs)
 
 
-def row_programs(rows: int) -> tuple[int, int]:
-    """(programs, rows per program) of a kernel that loops over a run of rows: a program per row, except that on
-    an NPU whose launch takes at most ASCEND_MAX_PROGRAMS, each takes as many consecutive rows as that needs
-    (a prefill of 1024 tokens has 65536 rows of query heads)."""
-    per_program = triton.cdiv(rows, ASCEND_MAX_PROGRAMS) if programs_capped() else 1
-    return triton.cdiv(rows, per_program), per_program
+# ``triton.jit`` for a kernel that ``run_kernel`` launches. Triton specialises an integer argument on its value
+# (divisible by 16, equal to 1), so the launches of a cut grid would each pick a binary by where they start: on
+# an NPU that is a compile per new class of start mid-serving. With ``first_program`` left unspecialised, every
+# launch of a kernel's grid takes the first launch's binary.
+cut_launch_jit = triton.jit(do_not_specialize=["first_program"])
 
 
 def next_pow2(n: int) -> int:

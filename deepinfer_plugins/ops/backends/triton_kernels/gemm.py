@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, e2m1_decode, e4m3_decode, empty, run_kernel, split_count, ue8m0_decode
+from .common import INTERPRETED, cut_launch_jit, e2m1_decode, e4m3_decode, empty, run_kernel, split_count, ue8m0_decode
 
 SCALE_BLOCK = 32  # the checkpoint's scale granularity along K (and along N for FP8's 32x32 blocks)
 
@@ -144,7 +144,7 @@ def _linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
         tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@cut_launch_jit
 def _sum_splits_kernel(part_ptr, out_ptr, MN, first_program, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     """out[i] = sum over splits s (in order) of part[s, i], rounded once to the output dtype."""
     i = (tl.program_id(0) + first_program).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -7,10 +7,10 @@ import triton
 import triton.language as tl
 
 from ...cache import record_bytes, to_device
-from .common import INTERPRETED, e2m1_decode, empty, next_pow2, run_kernel, ue8m0_decode
+from .common import INTERPRETED, cut_launch_jit, e2m1_decode, empty, next_pow2, run_kernel, ue8m0_decode
 
 
-@triton.jit
+@cut_launch_jit
 def _indexer_scores_kernel(q_ptr, w_ptr, k_ptr, slot_ptr, tile_ptr, out_ptr, T, H, D, N, key_stride, first_program,
                            TB: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr, BN: tl.constexpr,
                            BF16_DOT: tl.constexpr, RECORDS: tl.constexpr, SB: tl.constexpr, TILES: tl.constexpr):
@@ -143,7 +143,7 @@ def _ordered_key(s):
     return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
 
 
-@triton.jit
+@cut_launch_jit
 def _topk_kernel(s_ptr, out_ptr, N, K, first_program, BN: tl.constexpr):
     """Exact top-k of one row: radix-select the k-th largest key (32 counting passes), then emit, in id order,
     every id above it and the lowest-id ties; ids with score -inf are dropped and the tail is -1."""
@@ -193,7 +193,7 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NBLK, first_program, BS: tl.constexpr, BB: tl.constexpr):
     """block_score[t, b] = max of scores over block b; +inf for the block of the newest visible entry."""
     t = (tl.program_id(0) + first_program).to(tl.int64)
@@ -207,7 +207,7 @@ def _block_max_kernel(s_ptr, vis_ptr, out_ptr, N, NBLK, first_program, BS: tl.co
     tl.store(out_ptr + t * NBLK + b, best, mask=b < NBLK)
 
 
-@triton.jit
+@cut_launch_jit
 def _expand_mask_kernel(ids_ptr, out_ptr, N, TOPB, first_program, BS: tl.constexpr, BB: tl.constexpr):
     """mask[t, n] = (n // BS) is one of the kept block ids (ids >= 0) of row t."""
     t = (tl.program_id(0) + first_program).to(tl.int64)

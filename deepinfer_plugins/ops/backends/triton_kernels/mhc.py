@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, next_pow2, run_kernel, split_count
+from .common import INTERPRETED, cut_launch_jit, empty, next_pow2, run_kernel, split_count
 
 
 @triton.jit
@@ -24,7 +24,7 @@ def _sinkhorn_tile(x, valid, iters, eps):
     return m
 
 
-@triton.jit
+@cut_launch_jit
 def _sinkhorn_kernel(x_ptr, out_ptr, S, iters, eps, first_program, SP: tl.constexpr):
     t = (tl.program_id(0) + first_program).to(tl.int64)
     i = tl.arange(0, SP)[:, None]
@@ -44,7 +44,7 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, first_program, MP: tl.constexpr,
                            BK: tl.constexpr):
     """One token, one slice of the S*d inputs: partial x . fn[m] for every mixing logit m and partial sum(x^2).
@@ -68,7 +68,7 @@ def _hc_mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, K, M, k_per_split, f
     tl.store(sq_ptr + t * splits + split, tl.sum(sq, axis=0))
 
 
-@triton.jit
+@cut_launch_jit
 def _hc_mix_finish_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, S, K, iters, hc_eps,
                           norm_eps, first_program, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, MP: tl.constexpr,
                           SP: tl.constexpr):
@@ -126,7 +126,7 @@ def hc_coefficients(streams, fn, base, scale, iters: int, hc_eps: float, norm_ep
     return pre, post, comb
 
 
-@triton.jit
+@cut_launch_jit
 def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, S, D, first_program, BD: tl.constexpr):
     t = (tl.program_id(0) + first_program).to(tl.int64)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -148,7 +148,7 @@ def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _hc_collapse_norm_kernel(x_ptr, pre_ptr, w_ptr, out_ptr, S, D, eps, first_program, HAS_W: tl.constexpr,
                              BD: tl.constexpr):
     """One token: its collapsed row stays in registers between the collapse and the norm (no [T, d] round trip
@@ -183,7 +183,7 @@ def hc_collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight, eps: floa
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _hc_expand_kernel(x_ptr, f_ptr, post_ptr, comb_ptr, out_ptr, S, D, first_program, SP: tl.constexpr,
                       BD: tl.constexpr):
     t = (tl.program_id(0) + first_program).to(tl.int64)

@@ -8,26 +8,24 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, empty, next_pow2, row_programs, run_kernel
+from .common import INTERPRETED, cut_launch_jit, empty, next_pow2, run_kernel
 
 
-@triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, rows, rows_per_program, first_program, HAS_W: tl.constexpr,
-                     BN: tl.constexpr):
-    first = (tl.program_id(0) + first_program).to(tl.int64) * rows_per_program
-    for r in range(first, tl.minimum(first + rows_per_program, rows)):
-        sq = tl.zeros([BN], tl.float32)
-        for n0 in range(0, N, BN):
-            n = n0 + tl.arange(0, BN)
-            x = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32)
-            sq += x * x
-        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / N + eps)
-        for n0 in range(0, N, BN):
-            n = n0 + tl.arange(0, BN)
-            y = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32) * inv
-            if HAS_W:
-                y = y * tl.load(w_ptr + n, mask=n < N, other=0.0).to(tl.float32)
-            tl.store(out_ptr + r * N + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
+@cut_launch_jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, first_program, HAS_W: tl.constexpr, BN: tl.constexpr):
+    r = (tl.program_id(0) + first_program).to(tl.int64)
+    sq = tl.zeros([BN], tl.float32)
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        x = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32)
+        sq += x * x
+    inv = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / N + eps)
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        y = tl.load(x_ptr + r * N + n, mask=n < N, other=0.0).to(tl.float32) * inv
+        if HAS_W:
+            y = y * tl.load(w_ptr + n, mask=n < N, other=0.0).to(tl.float32)
+        tl.store(out_ptr + r * N + n, y.to(out_ptr.dtype.element_ty), mask=n < N)
 
 
 def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
@@ -35,16 +33,13 @@ def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     out = empty(x.shape, x.dtype, x.device)
     rows = x.numel() // max(n, 1)
     if rows:
-        programs, per_program = row_programs(rows)
-        run_kernel(_rms_norm_kernel, (programs,), x.contiguous(), weight if weight is not None else x, out, n,
-                   float(eps), rows, per_program, HAS_W=weight is not None,
-                   BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
+        run_kernel(_rms_norm_kernel, (rows,), x.contiguous(), weight if weight is not None else x, out, n, float(eps),
+                   HAS_W=weight is not None, BN=min(next_pow2(n), 8192 if INTERPRETED else 2048))
     return out
 
 
-@triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, rows, rows_per_program, first_program, BC: tl.constexpr,
-                 BH: tl.constexpr):
+@cut_launch_jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, first_program, BC: tl.constexpr, BH: tl.constexpr):
     """Rows r of x [T*M, C] (token r // M): copy the first C - 2*HALF channels, rotate the interleaved pairs.
     The pairs are read and written as one dense [BH, 2] tile (not as two stride-2 vectors, whose masked
     accesses triton-ascend's adapter cannot lower)."""
@@ -53,19 +48,18 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, M, C, HALF, rows, rows_per_pr
     k = tl.arange(0, BH)
     km = k < HALF
     pair = nope + 2 * k[:, None] + tl.arange(0, 2)[None, :]  # [BH, 2]
-    first = (tl.program_id(0) + first_program).to(tl.int64) * rows_per_program
-    for r in range(first, tl.minimum(first + rows_per_program, rows)):
-        t = r // M
-        x = tl.load(x_ptr + r * C + c, mask=c < nope, other=0.0)
-        tl.store(out_ptr + r * C + c, x, mask=c < nope)
-        re, im = tl.split(tl.load(x_ptr + r * C + pair, mask=km[:, None], other=0.0).to(tl.float32))
-        cs = tl.load(cos_ptr + t * HALF + k, mask=km, other=0.0)
-        sn = tl.load(sin_ptr + t * HALF + k, mask=km, other=0.0)
-        a = re * cs
-        b = im * sn
-        e = re * sn
-        f = im * cs
-        tl.store(out_ptr + r * C + pair, tl.join(a - b, e + f).to(out_ptr.dtype.element_ty), mask=km[:, None])
+    r = (tl.program_id(0) + first_program).to(tl.int64)
+    t = r // M
+    x = tl.load(x_ptr + r * C + c, mask=c < nope, other=0.0)
+    tl.store(out_ptr + r * C + c, x, mask=c < nope)
+    re, im = tl.split(tl.load(x_ptr + r * C + pair, mask=km[:, None], other=0.0).to(tl.float32))
+    cs = tl.load(cos_ptr + t * HALF + k, mask=km, other=0.0)
+    sn = tl.load(sin_ptr + t * HALF + k, mask=km, other=0.0)
+    a = re * cs
+    b = im * sn
+    e = re * sn
+    f = im * cs
+    tl.store(out_ptr + r * C + pair, tl.join(a - b, e + f).to(out_ptr.dtype.element_ty), mask=km[:, None])
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -80,9 +74,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inver
     out = empty(x.shape, x.dtype, x.device)
     rows = x.numel() // max(c, 1)
     if rows:
-        programs, per_program = row_programs(rows)
-        run_kernel(_rope_kernel, (programs,), x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, rows,
-                   per_program, BC=next_pow2(c), BH=next_pow2(half))
+        run_kernel(_rope_kernel, (rows,), x.contiguous(), cos, sin, out, rows // x.shape[0], c, half, BC=next_pow2(c),
+                   BH=next_pow2(half))
     return out
 
 
@@ -95,7 +88,7 @@ def swiglu_values(g, u, limit, HAS_LIMIT: tl.constexpr):
     return g / (1.0 + tl.exp(-g)) * u
 
 
-@triton.jit
+@cut_launch_jit
 def _swiglu_kernel(g_ptr, u_ptr, out_ptr, N, limit, first_program, HAS_LIMIT: tl.constexpr, BN: tl.constexpr):
     n = (tl.program_id(0) + first_program).to(tl.int64) * BN + tl.arange(0, BN)
     g = tl.load(g_ptr + n, mask=n < N, other=0.0).to(tl.float32)
@@ -113,7 +106,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _route_kernel(x_ptr, bias_ptr, w_ptr, id_ptr, E, bias_stride, routed_scale, first_program, K: tl.constexpr,
                   KP: tl.constexpr, EP: tl.constexpr):
     t = (tl.program_id(0) + first_program).to(tl.int64)
@@ -147,7 +140,7 @@ def sqrtsoftplus_route(logits: torch.Tensor, correction_bias: torch.Tensor, top_
     return weights, ids
 
 
-@triton.jit
+@cut_launch_jit
 def _engram_hash_kernel(tok_ptr, mul_ptr, prime_ptr, off_ptr, out_ptr, T, G, HEADS,
                         first_program, BT: tl.constexpr, HP: tl.constexpr):
     t = (tl.program_id(0) + first_program) * BT + tl.arange(0, BT)
@@ -177,7 +170,7 @@ def engram_hash(ngram_tokens, multipliers, primes, offsets) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _engram_gate_kernel(x_ptr, k_ptr, v_ptr, w_ptr, out_ptr, S, D, k_token_stride, v_token_stride, eps, inv_sqrt_d,
                         first_program, BD: tl.constexpr):
     """Stream s of token t, as program t * S + s: a stream's gate needs only its own row, so the streams of a
@@ -229,7 +222,7 @@ def engram_gate(streams, key, value, w, eps: float) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@cut_launch_jit
 def _csa2_kernel(v_ptr, g_ptr, w_ptr, out_ptr, R, C, eps, first_program, HAS_W: tl.constexpr, RP: tl.constexpr,
                  CP: tl.constexpr):
     grp = (tl.program_id(0) + first_program).to(tl.int64)

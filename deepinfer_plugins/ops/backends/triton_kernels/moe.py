@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ...moe import ExpertWeights, sort_by_expert
-from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, empty, run_kernel
+from .common import INTERPRETED, ONE_WAVE_PROGRAMS, TL_DTYPE, cut_launch_jit, empty, run_kernel
 from .gemm import SCALE_BLOCK, accumulate_dot, apply_block_scale, fp4_codes
 from .misc import swiglu_values
 
@@ -63,7 +63,7 @@ def _block_rows(order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, 
     return expert, rows, row_mask, assignment
 
 
-@triton.jit
+@cut_launch_jit
 def _moe_gate_up_kernel(x_ptr, route_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr,
                         w1_ptr, s1_ptr, w3_ptr, s3_ptr, act_ptr, D, I, limit, first_program,
                         TOP_K: tl.constexpr, HAS_LIMIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -95,7 +95,7 @@ def _moe_gate_up_kernel(x_ptr, route_ptr, order_ptr, block_expert_ptr, block_row
                  mask=row_mask[:, None] & n_mask[None, :])
 
 
-@triton.jit
+@cut_launch_jit
 def _moe_down_kernel(act_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block_row_end_ptr, w2_ptr, s2_ptr, y_ptr, D,
                      I, first_program, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr):
     """y[assignment, n] = (act[row] w2_e^T)[n] for the block's rows, in the activations' dtype."""
@@ -117,7 +117,7 @@ def _moe_down_kernel(act_ptr, order_ptr, block_expert_ptr, block_row0_ptr, block
                  mask=row_mask[:, None] & n_mask[None, :])
 
 
-@triton.jit
+@cut_launch_jit
 def _moe_combine_kernel(y_ptr, slot_order_ptr, out_ptr, D, first_program, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[t, n] = sum over j of y[t * TOP_K + slot_order[t, j], n] in fp32, j ascending."""
     token = (tl.program_id(0) + first_program).to(tl.int64)

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ...cache import CACHE_FORMATS, record_bytes
-from .common import (INTERPRETED, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, next_pow2, pow2_ceil,
-                     pow2_reciprocal, run_kernel, ue8m0_decode)
+from .common import (INTERPRETED, cut_launch_jit, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_round, empty, next_pow2,
+                     pow2_ceil, pow2_reciprocal, run_kernel, ue8m0_decode)
 
 FP8, NVFP4, MXFP4 = 0, 1, 2
 FMT_ID = {"fp8_window": FP8, "nvfp4": NVFP4, "mxfp4": MXFP4}
@@ -43,7 +43,7 @@ def _quant_block(x, mask, FMT: tl.constexpr):
     return codes, values * scale[:, None], scale, scale_byte
 
 
-@triton.jit
+@cut_launch_jit
 def _quantize_kernel(x_ptr, out_ptr, scales_ptr, rec_ptr, slots_ptr, n_blocks, D, R,
                      first_program, BLK: tl.constexpr, BLK_P: tl.constexpr, NB: tl.constexpr, FMT: tl.constexpr,
                      MODE: tl.constexpr, HAS_SLOTS: tl.constexpr):
@@ -84,7 +84,7 @@ def _quantize_kernel(x_ptr, out_ptr, scales_ptr, rec_ptr, slots_ptr, n_blocks, D
             tl.store(base + D // 2 + j, scale_byte.to(tl.uint8), mask=bmask)
 
 
-@triton.jit
+@cut_launch_jit
 def _dequant_kernel(data_ptr, scale_ptr, ids_ptr, out_ptr, n_rows, D, data_stride, scale_stride, scale_off,
                     SROW, first_program, BLK: tl.constexpr, RB: tl.constexpr, BD: tl.constexpr, FP4: tl.constexpr,
                     SCALE_KIND: tl.constexpr, HAS_IDS: tl.constexpr):
