@@ -192,8 +192,9 @@ def prefill_launches(tokens: int = PREFILL_TOKENS, context: int = PREFILL_CONTEX
 
 
 def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[tuple[str, int, list[int]]]:
-    """Runs ``launches``, adding what failed to lower to ``failures``; -> (label, programs of the grid, programs of
-    each NPU launch it took) of every grid: ``common.launch_chunks`` cuts one past the limit into several."""
+    """Runs ``launches``, adding to ``failures`` what failed to lower and every grid whose launches ran more than
+    one binary; -> (label, programs of the grid, programs of each NPU launch it took) of every grid:
+    ``common.launch_chunks`` cuts one past the limit into several."""
     from deepinfer_plugins.ops.backends.triton_kernels import common
 
     grids, label = [], None
