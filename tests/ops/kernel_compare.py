@@ -117,3 +117,19 @@ def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
     else:
         bad = actual.view(torch.uint8) != expected.view(torch.uint8) if actual.dtype.itemsize == 1 else actual != expected
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} differ; " + describe(actual.float(), expected.float())
+
+
+def triton_kernels() -> dict[str, object]:
+    """name -> every kernel the Triton backend launches: the ``*_kernel`` jit functions of each module of
+    ``deepinfer_plugins.ops.backends.triton_kernels`` (the jit helpers they call are not launched)."""
+    import importlib
+    import pkgutil
+
+    from deepinfer_plugins.ops.backends import triton_kernels as package
+    from deepinfer_plugins.ops.backends.triton_kernels import common
+
+    jit_type = type(common.pow2_ceil)  # JITFunction, or the interpreter's stand-in
+    modules = [importlib.import_module(f"{package.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(package.__path__)]
+    return {name: obj for module in modules for name, obj in vars(module).items()
+            if isinstance(obj, jit_type) and name.endswith("_kernel")}
