@@ -6,7 +6,7 @@
 #   SGLang registration / adapter                                     -> .venv-sglang (skip: DEEPINFER_SKIP_SGLANG=1)
 # A suite that collects no test fails the run (pytest exit code 5 is not treated as success).
 #
-# The Triton interpreter runs the unit suite on one core, so everything else that needs one core at a time runs
+# The Triton interpreter keeps about one core busy with the unit suite, so the work that needs one core at a time runs
 # beside it in the background: the engines' virtualenvs, the triton-ascend suite and the SGLang suite. On CI's
 # 2-core machine that takes a clean clone's run from 44 minutes to 34. The jobs' output goes to build/test-logs/
 # and is printed when the run waits for them. The vLLM suite, whose server and clients share the cores, runs
@@ -69,7 +69,7 @@ python3 -m pip install --quiet "torch==2.13.0"
 python3 -m pip install --quiet -e ".[dev]" -e "./recipe[test]"
 tests/oracle/setup_oracle_venv.sh
 
-stage "starting the engines' environments"
+stage "starting the background jobs"
 in_background triton-ascend-venv kernels/ascend/setup_triton_ascend_venv.sh
 in_background triton-ascend after "${background[triton-ascend-venv]}" triton_ascend_suite
 in_background engines after "${background[triton-ascend-venv]}" engine_venvs
