@@ -51,7 +51,7 @@ after() {  # <pid> <command...>: run the command once that process has exited (i
 
 triton_ascend_suite() {
   echo "=== Triton kernels under triton-ascend: its interpreter, and lowering for Ascend NPUs"
-  TRITON_INTERPRET=1 .venv-triton-ascend/bin/python -m pytest -q -p no:cacheprovider tests/ops/test_triton_*.py \
+  .venv-triton-ascend/bin/python -m pytest -q -p no:cacheprovider tests/ops/test_triton_*.py \
     -W "ignore:Conversion of an array with ndim > 0:DeprecationWarning"  # its interpreter, per element, on numpy 1.26
 }
 
@@ -69,13 +69,13 @@ python3 -m pip install --quiet "torch==2.13.0"
 python3 -m pip install --quiet -e ".[dev]" -e "./recipe[test]"
 tests/oracle/setup_oracle_venv.sh
 
+export TRITON_INTERPRET=1  # every later step, the background jobs too, as when they all ran in turn
 stage "starting the background jobs"
 in_background triton-ascend-venv kernels/ascend/setup_triton_ascend_venv.sh
 in_background triton-ascend after "${background[triton-ascend-venv]}" triton_ascend_suite
 in_background engines after "${background[triton-ascend-venv]}" engine_venvs
 
 stage "unit, kernel, recipe and oracle"
-export TRITON_INTERPRET=1
 python3 -m pytest -q -p no:cacheprovider tests kernels recipe/tests
 
 await triton-ascend-venv
