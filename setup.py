@@ -1,5 +1,10 @@
 """Ships kernels/cuda (the CUDA extension's sources, JIT-built on first use) inside the wheel as
 deepinfer_plugins/cuda_sources, so that ``pip install deepinfer`` has them; an editable install reads the checkout.
+
+Builds write deepinfer.egg-info under build/, not at the top of the checkout: code run from the checkout has the
+checkout on sys.path, where importlib.metadata would read that copy of the entry points first, and every
+install (scripts/test.sh builds several virtualenvs while the unit suite runs) rewrites it file by file. A copy
+left there by an earlier install is removed, since it would shadow the current entry points.
 Everything else about the package is in pyproject.toml."""
 
 import shutil
@@ -8,7 +13,9 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-CUDA_SOURCES = Path(__file__).resolve().parent / "kernels" / "cuda"
+ROOT = Path(__file__).resolve().parent
+CUDA_SOURCES = ROOT / "kernels" / "cuda"
+EGG_BASE = ROOT / "build"
 
 
 class BuildPyWithCudaSources(build_py):
@@ -18,4 +25,6 @@ class BuildPyWithCudaSources(build_py):
                         ignore=shutil.ignore_patterns("tests", "__pycache__", "*.pyc"))
 
 
-setup(cmdclass={"build_py": BuildPyWithCudaSources})
+EGG_BASE.mkdir(exist_ok=True)
+shutil.rmtree(ROOT / "deepinfer.egg-info", ignore_errors=True)
+setup(cmdclass={"build_py": BuildPyWithCudaSources}, options={"egg_info": {"egg_base": str(EGG_BASE)}})

@@ -55,7 +55,7 @@ triton_ascend_suite() {
     -W "ignore:Conversion of an array with ndim > 0:DeprecationWarning"  # its interpreter, per element, on numpy 1.26
 }
 
-engine_venvs() {  # one after another: each editable install of deepinfer rewrites the checkout's deepinfer.egg-info
+engine_venvs() {  # one after another: each install of deepinfer rewrites build/deepinfer.egg-info (setup.py)
   integration_tests/setup_vllm_venv.sh
   if [[ "${DEEPINFER_SKIP_SGLANG:-0}" != "1" ]]; then
     integration_tests/sglang/setup_sglang_venv.sh

@@ -48,3 +48,11 @@ def test_sdist_carries_the_cuda_sources(source_tree, tmp_path):
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {f"kernels/cuda/{name}" for name in _cuda_files()} <= names
     assert not any(name.startswith("kernels/cuda/tests") for name in names)
+
+
+def test_metadata_is_written_under_build(source_tree):
+    """Not at the top of the checkout, where code run from the checkout would read that copy of the entry points
+    first while another install rewrites it (setup.py)."""
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info"], cwd=source_tree, check=True, capture_output=True)
+    assert (source_tree / "build" / "deepinfer.egg-info" / "entry_points.txt").is_file()
+    assert not (source_tree / "deepinfer.egg-info").exists()
