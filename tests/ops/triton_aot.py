@@ -7,8 +7,8 @@ wheel's ptxas, and Triton's own shared-memory and thread-count limits), while lo
 resource usage with the wheel's cuobjdump and launching does nothing.
 
 Must run in a process where ``TRITON_INTERPRET`` was never "1" (``common.INTERPRETED`` picks block sizes at
-import). ``python -m tests.ops.triton_aot [--arch 90 100]`` prints one row per compiled specialisation and exits 1
-if any launch failed to compile or a kernel was never compiled.
+import). ``python -m tests.ops.triton_aot [--arch 90 100] [--no-sweep]`` prints one row per compiled
+specialisation and exits 1 if any launch failed to compile or a kernel was never compiled.
 """
 
 from __future__ import annotations
@@ -131,10 +131,11 @@ class Launch:
     call: object  # zero-argument callable that runs one launcher
 
 
-def _launches() -> list[Launch]:
+def _launches(sweep: bool = True) -> list[Launch]:
     """Every launcher at the shapes and dtypes of tests/ops/test_triton_kernels.py and benchmarks/kernels.py
     (V4.1: b = 64 decode tokens, 8 with --quick). Only dtypes, shapes and constexprs reach the compiler, so the
-    tensors are zeros and the pools small."""
+    tensors are zeros and the pools small. ``sweep``: also every candidate tiling of the attention, GEMM and MoE
+    kernels at V4.1 shapes (only benchmarks/kernels.py --sweep launches them; the ops run the defaults)."""
     from deepinfer_plugins import ops
     from deepinfer_plugins.ops.backends.triton_kernels import attention, gemm, indexer, mhc, misc, moe, quant
 
@@ -184,13 +185,13 @@ def _launches() -> list[Launch]:
     # sparse attention
     for dtype in (f32, bf16):
         for t, h, d, k in ((2, 16, 64, 40), (3, 4, 32, 12), (6, 20, 48, 70), (4, 16, 32, 13)):
-            add(f"sparse_attention t={t} h={h} d={d} k={k} {dtype}", attention.sparse_attention, z(t, h, d, dtype=dtype),
-                z(90, d, dtype=dtype), z(t, k, dtype=torch.int64), z(h), d ** -0.5)
+            add(f"sparse_attention t={t} h={h} d={d} k={k} {dtype}", attention.sparse_attention,
+                z(t, h, d, dtype=dtype), z(90, d, dtype=dtype), z(t, k, dtype=torch.int64), z(h), d ** -0.5)
     for splits, hb, bk in ((3, 16, 16), (2, 32, 16), (5, 16, 16)):
         config = attention.AttentionConfig(head_block=hb, key_block=bk, splits=splits)
         add(f"sparse_attention splits={splits} hb={hb} bk={bk}", attention.sparse_attention, z(3, 20, 64), z(50, 64),
             z(3, 75, dtype=torch.int64), z(20), 0.2, config=config)
-    sweep = [None, *attention.CANDIDATE_CONFIGS]
+    attention_configs = [None, *attention.CANDIDATE_CONFIGS] if sweep else [None]
     for dtype in (f32, bf16):
         for splits in (1, 3):
             add(f"sparse_attention_records d=64 splits={splits} {dtype}", attention.sparse_attention_records,
@@ -198,13 +199,13 @@ def _launches() -> list[Launch]:
                 z(30, 36, dtype=torch.uint8), z(4, 14, dtype=torch.int64), z(20), 0.125,
                 config=attention.AttentionConfig(head_block=16, key_block=16, splits=splits))
     for rows in (1, 8, 64, 384):
-        for config in sweep:
+        for config in attention_configs:
             add(f"sparse_attention_records V4.1 T={rows} {config or 'default'}", attention.sparse_attention_records,
                 z(rows, 64, 512, dtype=bf16), z(rows * 128, 528, dtype=torch.uint8),
                 z(rows, 128, dtype=torch.int64), z(rows * 512, 288, dtype=torch.uint8),
                 z(rows, 512, dtype=torch.int64), z(64), 512 ** -0.5, config=config)
     for rows in (1, 8, 64, 384):
-        for config in sweep:
+        for config in attention_configs:
             add(f"sparse_attention V4.1 T={rows} {config or 'default'}", attention.sparse_attention,
                 z(rows, 64, 512, dtype=bf16), z(640, 512, dtype=bf16), z(rows, 640, dtype=torch.int64), z(64),
                 512 ** -0.5, config=config)
@@ -226,7 +227,7 @@ def _launches() -> list[Launch]:
         w4 = z(out_features, in_features // 2, dtype=torch.int8)
         s4 = z(out_features, in_features // 32, dtype=torch.float8_e8m0fnu)
         for rows in (1, 8, 64, 384):
-            for config in (None, *gemm.CANDIDATE_CONFIGS):
+            for config in (None, *gemm.CANDIDATE_CONFIGS) if sweep else (None,):
                 label = f"V4.1 {out_features}x{in_features} M={rows} {config or 'default'}"
                 add(f"linear_fp8 {label}", gemm.linear_fp8, z(rows, in_features, dtype=bf16), w8, s8, config=config)
                 add(f"linear_fp4 {label}", gemm.linear_fp4, z(rows, in_features, dtype=bf16), w4, s4, config=config)
@@ -261,7 +262,7 @@ def _launches() -> list[Launch]:
                     z(5, 3), torch.arange(15).reshape(5, 3) % 8, experts(8, dim, inter), limit)
     v41_experts = experts(8, 5120, 2304)
     for tokens in (1, 8, 64, 384):
-        for config in (None, *moe.CANDIDATE_CONFIGS):
+        for config in (None, *moe.CANDIDATE_CONFIGS) if sweep else (None,):
             add(f"moe_experts V4.1 T={tokens} {config or 'default'}", moe.moe_experts, z(tokens, 5120, dtype=bf16),
                 z(tokens, 6), torch.arange(tokens * 6).reshape(tokens, 6) % 8, v41_experts, 10.0, config=config)
     # indexer, top-k, pre-filter
@@ -352,11 +353,12 @@ def _specialisation(kernel) -> str:
     return f"{text} warps={meta.num_warps} stages={meta.num_stages} {dtypes}"
 
 
-def compile_all(arch: int) -> tuple[list[str], list[str]]:
-    """Runs every launch under the compile-only driver for ``arch``; returns (report rows, failures)."""
+def compile_all(arch: int, sweep: bool = True) -> tuple[list[str], list[str]]:
+    """Runs every launch (``_launches(sweep)``) under the compile-only driver for ``arch``; returns (report rows,
+    failures)."""
     failures = []
     with compile_only(arch):
-        for launch in _launches():
+        for launch in _launches(sweep):
             try:
                 launch.call()
             except Exception as exc:
@@ -403,6 +405,8 @@ def run_targets(targets, compile_target, done: str) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 100])
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="leave out the candidate tilings that only benchmarks/kernels.py --sweep launches")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1: the kernels would pick interpreter block sizes; unset it", file=sys.stderr)
@@ -413,7 +417,7 @@ def main(argv=None) -> int:
         return 3
     print(f"triton {triton.__version__}, torch {torch.__version__}")
     print(f"{'target':<7} {'kernel':<40} {'regs':>5} {'smem':>7} {'local':>6}  specialisation")
-    return run_targets(args.arch, compile_all, "compiled")
+    return run_targets(args.arch, lambda arch: compile_all(arch, sweep=not args.no_sweep), "compiled")
 
 
 if __name__ == "__main__":
