@@ -1,8 +1,9 @@
 """Every Triton kernel compiles for sm_90 (H100/H200) and sm_100 (B200) at the tests' and the benchmark's shapes,
 sm_90 also with the benchmark's candidate tilings, without a GPU: tests/ops/triton_aot.py runs the launchers under
 a compile-only driver (PTX and cubin from the wheel's ptxas, Triton's shared-memory limit enforced) and prints
-registers / shared memory / local (spill) bytes per specialisation. Where triton-ascend is the installed triton, tests/ops/triton_ascend_lowering.py lowers the same
-launches for Ascend NPUs instead (its adapter stage; CANN's binary stage cannot run here).
+registers / shared memory / local (spill) bytes per specialisation. Where triton-ascend is the installed triton,
+tests/ops/triton_ascend_lowering.py lowers the same launches for Ascend NPUs instead (its adapter stage; CANN's
+binary stage cannot run here).
 
 It runs in a subprocess with TRITON_INTERPRET removed from the environment: the interpreter tests set it before
 importing the kernels, and the kernels pick their block sizes from it at import.

@@ -146,6 +146,9 @@ def _launches(sweep: bool = True) -> list[Launch]:
     def add(label, fn, *args, **kwargs):
         out.append(Launch(label, lambda: fn(*args, **kwargs)))
 
+    def configs(candidates):  # None: the launcher picks its default
+        return (None, *candidates) if sweep else (None,)
+
     # quantisers and records
     for name in ("fp8_fake_quant", "nvfp4_fake_quant", "mxfp4_fake_quant"):
         for shape in ((6, 512), (3, 4, 32), (5, 8)):
@@ -191,7 +194,6 @@ def _launches(sweep: bool = True) -> list[Launch]:
         config = attention.AttentionConfig(head_block=hb, key_block=bk, splits=splits)
         add(f"sparse_attention splits={splits} hb={hb} bk={bk}", attention.sparse_attention, z(3, 20, 64), z(50, 64),
             z(3, 75, dtype=torch.int64), z(20), 0.2, config=config)
-    attention_configs = [None, *attention.CANDIDATE_CONFIGS] if sweep else [None]
     for dtype in (f32, bf16):
         for splits in (1, 3):
             add(f"sparse_attention_records d=64 splits={splits} {dtype}", attention.sparse_attention_records,
@@ -199,13 +201,13 @@ def _launches(sweep: bool = True) -> list[Launch]:
                 z(30, 36, dtype=torch.uint8), z(4, 14, dtype=torch.int64), z(20), 0.125,
                 config=attention.AttentionConfig(head_block=16, key_block=16, splits=splits))
     for rows in (1, 8, 64, 384):
-        for config in attention_configs:
+        for config in configs(attention.CANDIDATE_CONFIGS):
             add(f"sparse_attention_records V4.1 T={rows} {config or 'default'}", attention.sparse_attention_records,
                 z(rows, 64, 512, dtype=bf16), z(rows * 128, 528, dtype=torch.uint8),
                 z(rows, 128, dtype=torch.int64), z(rows * 512, 288, dtype=torch.uint8),
                 z(rows, 512, dtype=torch.int64), z(64), 512 ** -0.5, config=config)
     for rows in (1, 8, 64, 384):
-        for config in attention_configs:
+        for config in configs(attention.CANDIDATE_CONFIGS):
             add(f"sparse_attention V4.1 T={rows} {config or 'default'}", attention.sparse_attention,
                 z(rows, 64, 512, dtype=bf16), z(640, 512, dtype=bf16), z(rows, 640, dtype=torch.int64), z(64),
                 512 ** -0.5, config=config)
@@ -227,7 +229,7 @@ def _launches(sweep: bool = True) -> list[Launch]:
         w4 = z(out_features, in_features // 2, dtype=torch.int8)
         s4 = z(out_features, in_features // 32, dtype=torch.float8_e8m0fnu)
         for rows in (1, 8, 64, 384):
-            for config in (None, *gemm.CANDIDATE_CONFIGS) if sweep else (None,):
+            for config in configs(gemm.CANDIDATE_CONFIGS):
                 label = f"V4.1 {out_features}x{in_features} M={rows} {config or 'default'}"
                 add(f"linear_fp8 {label}", gemm.linear_fp8, z(rows, in_features, dtype=bf16), w8, s8, config=config)
                 add(f"linear_fp4 {label}", gemm.linear_fp4, z(rows, in_features, dtype=bf16), w4, s4, config=config)
@@ -262,7 +264,7 @@ def _launches(sweep: bool = True) -> list[Launch]:
                     z(5, 3), torch.arange(15).reshape(5, 3) % 8, experts(8, dim, inter), limit)
     v41_experts = experts(8, 5120, 2304)
     for tokens in (1, 8, 64, 384):
-        for config in (None, *moe.CANDIDATE_CONFIGS) if sweep else (None,):
+        for config in configs(moe.CANDIDATE_CONFIGS):
             add(f"moe_experts V4.1 T={tokens} {config or 'default'}", moe.moe_experts, z(tokens, 5120, dtype=bf16),
                 z(tokens, 6), torch.arange(tokens * 6).reshape(tokens, 6) % 8, v41_experts, 10.0, config=config)
     # indexer, top-k, pre-filter
