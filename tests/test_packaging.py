@@ -56,3 +56,37 @@ def test_metadata_is_written_under_build(source_tree):
     subprocess.run([sys.executable, "setup.py", "-q", "egg_info"], cwd=source_tree, check=True, capture_output=True)
     assert (source_tree / "build" / "deepinfer.egg-info" / "entry_points.txt").is_file()
     assert not (source_tree / "deepinfer.egg-info").exists()
+
+
+def _metadata(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return archive.read(name).decode().splitlines()
+
+
+def test_the_sdist_pair_builds_wheels_that_install_together(source_tree, tmp_path):
+    """The plugin imports deepinfer_recipe, so its distribution must pull that one in; built from the two sdists
+    (what the README's "from built distributions" installs), the recipe wheel satisfies the plugin's requirement,
+    and neither build warns about our own packaging metadata."""
+    from packaging.requirements import Requirement
+
+    sdists, wheels = tmp_path / "sdist", tmp_path / "wheel"
+    output = ""
+    for project in (source_tree, source_tree / "recipe"):
+        build_sdist = f"import setuptools.build_meta as b; b.build_sdist({str(sdists)!r})"
+        built = subprocess.run([sys.executable, "-c", build_sdist], cwd=project, capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-3000:]
+        output += built.stdout + built.stderr
+    for sdist in sorted(sdists.glob("*.tar.gz")):
+        built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(sdist), "--no-deps", "--no-build-isolation",
+                                "-w", str(wheels)], capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-3000:]
+        output += built.stdout + built.stderr
+    assert "project.license" not in output and "License classifiers are deprecated" not in output
+    plugin = _metadata(next(wheels.glob("deepinfer-*.whl")))
+    recipe = _metadata(next(wheels.glob("deepinfer_recipe-*.whl")))
+    recipe_version = next(line.split(": ", 1)[1] for line in recipe if line.startswith("Version: "))
+    wanted = [Requirement(line.split(": ", 1)[1]) for line in plugin if line.startswith("Requires-Dist: ")]
+    recipe_requirement = next(r for r in wanted if r.name == "deepinfer-recipe")
+    assert recipe_requirement.marker is None and recipe_requirement.specifier.contains(recipe_version)
+    assert "License-Expression: MIT" in plugin and "License-Expression: MIT" in recipe

@@ -27,7 +27,7 @@ pip install --quiet "torch==2.13.0"
 pip install --quiet "triton-ascend==${triton_ascend_version}" pybind11 "numpy==1.26.4" pytest
 
 step "installing deepinfer (editable) from ${repo_root}"
-pip install --quiet -e "${repo_root}"
+pip install --quiet -e "${repo_root}/recipe" -e "${repo_root}"  # the plugin depends on the recipe
 
 step "checking that triton is triton-ascend"
 "${py}" - <<'PY'
