@@ -15,6 +15,7 @@ from deepinfer_plugins.cli import launch_server, stop_process_group
 import pytest
 
 MODEL = "deepseek-v4.1-tiny"
+RESPONSES_STORE_SIZE = 8  # small, so that a test can write past it
 LOG = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log"))
 
 
@@ -36,7 +37,8 @@ def server(checkpoint):
     process, base = launch_server(checkpoint, free_port(),
                                   ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL,
                                    "--max-num-batched-tokens", "512", "--structured-outputs-config",
-                                   '{"backend": "xgrammar", "disable_any_whitespace": true}'], LOG)
+                                   '{"backend": "xgrammar", "disable_any_whitespace": true}'], LOG,
+                                  env={"DEEPINFER_RESPONSES_STORE_SIZE": str(RESPONSES_STORE_SIZE)})
     yield base
     stop_process_group(process)
 

@@ -4,7 +4,8 @@ Guarantees: chat (non-streamed and streamed, thinking on and off) returns reason
 fields and streamed deltas add up to the non-streamed answer; greedy decoding through vLLM (paged caches,
 chunked prefill) equals the core model's ``generate()`` token for token; a DSML tool call (forced with a regex
 constraint, since the weights are random) comes back as an OpenAI tool call and the round trip with its result
-is served; Responses and Anthropic Messages answer through the same renderer and parsers.
+is served; Responses and Anthropic Messages answer through the same renderer and parsers; a Responses
+follow-up through ``previous_response_id`` sees its history, and the store forgets past its bound.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL
+from .conftest import MODEL, RESPONSES_STORE_SIZE
 
 OFF = {"chat_template_kwargs": {"thinking": False}}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
@@ -127,3 +128,31 @@ def test_messages_api_streamed(anthropic_client):
         final = stream.get_final_message()
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert final.usage.output_tokens == 10
+
+
+def test_responses_follow_up_through_previous_response_id(openai_client):
+    """``store`` + ``previous_response_id`` (the store that ``deepinfer serve`` turns on): the follow-up sees the
+    first turn exactly as if the client had sent it back itself."""
+    first = openai_client.responses.create(model=MODEL, input="Hello", max_output_tokens=6, temperature=0,
+                                           store=True)
+    assert [item.type for item in first.output] == ["reasoning"], "thinking is on: the turn is its reasoning"
+    follow_up = openai_client.responses.create(model=MODEL, input="And then?", previous_response_id=first.id,
+                                               max_output_tokens=6, temperature=0)
+    history = [{"role": "user", "content": "Hello"}, *[item.model_dump(exclude_none=True) for item in first.output],
+               {"role": "user", "content": "And then?"}]
+    explicit = openai_client.responses.create(model=MODEL, input=history, max_output_tokens=6, temperature=0)
+    assert follow_up.previous_response_id == first.id
+    assert follow_up.usage.input_tokens == explicit.usage.input_tokens > first.usage.input_tokens
+    assert follow_up.output_text == explicit.output_text
+    assert [item.type for item in follow_up.output] == [item.type for item in explicit.output]
+
+
+def test_responses_store_forgets_past_its_bound(openai_client):
+    import openai
+
+    oldest = openai_client.responses.create(model=MODEL, input="Hello", max_output_tokens=1, store=True)
+    for _ in range(RESPONSES_STORE_SIZE):
+        openai_client.responses.create(model=MODEL, input="Hello", max_output_tokens=1, store=True)
+    with pytest.raises(openai.NotFoundError, match=oldest.id):
+        openai_client.responses.create(model=MODEL, input="Hi", previous_response_id=oldest.id, max_output_tokens=1)
+    openai_client.responses.create(model=MODEL, input="Hi", max_output_tokens=1)  # and the server still serves

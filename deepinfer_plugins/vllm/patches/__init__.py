@@ -24,13 +24,26 @@ patch_responses_store (vllm/entrypoints/openai/responses/serving.py, OpenAIServi
         naming a forgotten response gets vLLM's own 404. Applied only when the store is enabled.
   remove when: vLLM bounds or expires its Responses store.
   tested: integration_tests/vllm/test_api.py (a follow-up through previous_response_id; eviction past the bound).
+
+patch_responses_history (vllm/renderers/online_renderer.py, the module's ``construct_input_messages``)
+  * the previous response's output items -> converted like input items, ahead of the new input.
+    why:  vLLM turns a stored response's output into chat messages by keeping its output messages only, so a
+          follow-up through ``previous_response_id`` loses the previous turn's reasoning and function calls (a
+          ``function_call_output`` then answers a call the prompt never shows); OpenAI's API treats
+          ``previous_response_id`` as the previous input and output items.
+  how:  the wrapper prepends those items to the request's input and calls the original without them, so they go
+        through vLLM's own item conversion. Applied only when the store is enabled.
+  remove when: vLLM converts stored output items the way it converts input items.
+  tested: integration_tests/vllm/test_api.py (the follow-up's prompt and answer equal those of the same history
+          sent explicitly).
 """
 
 from __future__ import annotations
 
 
 def apply_all() -> list[str]:
-    from . import patch_arch_config, patch_responses_store
+    from . import patch_arch_config, patch_responses_history, patch_responses_store
 
-    applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply()}
+    applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply(),
+               "responses_history": patch_responses_history.apply()}
     return [name for name, done in applied.items() if done]
