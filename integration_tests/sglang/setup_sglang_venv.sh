@@ -2,9 +2,8 @@
 # Build (or refresh) the SGLang test environment `.venv-sglang` at the repo root.
 #
 # Idempotent: re-running reuses the venv, skips the SGLang install when the wanted version is
-# already there, and re-installs deepinfer editable (cheap). Measured facts behind each step:
-# ../shared/spec/serving_frameworks.md §2 and §4 (SGLang 0.5.23 installs on a CPU box,
-# ~11 GB with CUDA torch + NVIDIA libs; imports and registries work, serving does not).
+# already there, and re-installs deepinfer editable (cheap). SGLang 0.5.23 installs on a CPU box
+# (~11 GB with CUDA torch + NVIDIA libs); imports and registries work, serving does not.
 #
 # Env knobs:
 #   PYTHON          interpreter for the venv (default: python3.11, else python3)
@@ -29,22 +28,22 @@ venv_start setup_sglang_venv "${venv_dir}" "${python_bin}"
 have="$("${py}" -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null || true)"
 if [[ "${have}" != "${sglang_version}" ]]; then
   step "installing sglang==${sglang_version} (was: ${have:-none})"
-  pip install "sglang==${sglang_version}"
+  logged pip install "sglang==${sglang_version}"
 else
   step "sglang ${have} already installed"
 fi
 
 # 2. Test tools.
 step "installing pytest"
-pip install --quiet pytest
+logged pip install pytest
 
 # 3. deepinfer, editable, without re-resolving its deps: `--no-deps` so pip never touches the
 #    torch that sglang pinned (2.14.1+cu130, a local version no index here serves, so it must not
 #    be named in a requirement). Our other runtime deps do not depend on torch; check it stayed.
 torch_ver="$("${py}" -c 'import torch; print(torch.__version__)')"
 step "installing deepinfer (editable, --no-deps) from ${repo_root}; torch stays ${torch_ver}"
-pip install --quiet safetensors pydantic pluggy tqdm numpy
-pip install --quiet --no-deps -e "${repo_root}"
+logged pip install safetensors pydantic pluggy tqdm numpy
+logged pip install --no-deps -e "${repo_root}"
 torch_after="$("${py}" -c 'import torch; print(torch.__version__)')"
 if [[ "${torch_after}" != "${torch_ver}" ]]; then
   echo "torch changed from ${torch_ver} to ${torch_after} while installing deepinfer" >&2
