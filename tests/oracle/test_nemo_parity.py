@@ -1,10 +1,19 @@
 """Differential test against an independent port of the official V4.1 reference (NeMo AutoModel 0.7.0).
 
 The oracle runs in its own virtualenv (tests/oracle/setup_oracle_venv.sh) and is only ever executed as a
-subprocess; nothing of it is imported here. Guarantees, on spec §13.1 checkpoints written by our writer with
-several seeds, T = 64: fp32 logits agree on top-1 for >= 98% of positions and have RMS relative error <= 1e-3.
-A checkpoint written by the oracle-side generator loads in our loader and agrees the same way, so the on-disk
-format (names, FP8/FP4 encodings, scale layouts, nibble order) is checked from both sides.
+subprocess; nothing of it is imported here. Guarantees, on tiny-preset checkpoints written by our writer with
+five seeds, T = 64: fp32 logits agree on top-1 at every position and have RMS relative error <= 1e-5
+(RMS_BOUND). A checkpoint written by the oracle-side generator loads in our loader and agrees the same way, so the
+on-disk format (names, FP8/FP4 encodings, scale layouts, nibble order) is checked from both sides.
+
+The bounds: the two implementations accumulate fp32 GEMMs in different orders, which leaves an RMS relative
+difference of about 6e-7 in the logits. Where a cached value lies within that noise of an FP8 rounding boundary,
+the two store neighbouring codes for it and the positions that read it differ by more: in seed 3 a window-KV
+element of token 28 at layer 6 is such a value, positions 28-35 (its window) differ by up to 2e-5, and the RMS
+over the sequence is 3.9e-6. RMS_BOUND = 1e-5 leaves room for a few such flips on a CPU whose accumulation order
+differs from ours, and is still a thousand times below what one different selection produces (the seed-1 tie
+below: 1.2e-2). Top-1 must agree at every position: at that error a flip needs the two leading logits of a
+position to lie within about 1e-5 of each other.
 
 Ties: with random weights and only 2 indexer heads, a quarter of all indexer scores are exactly 0 (every head's
 relu clips), so the top-k and candidate-block selections meet exact ties all the time. The oracle breaks them
@@ -80,6 +89,9 @@ def oracle_tie_order(monkeypatch):
                        "topk_indices=torch_topk,candidate_mask=torch_topk,indexer_topk_records=torch_topk")
 
 
+RMS_BOUND = 1e-5
+
+
 def oracle_logits(checkpoint: Path, ids: list[int], tmp_path: Path) -> np.ndarray:
     ids_file, out = tmp_path / "ids.json", tmp_path / "nemo.npy"
     ids_file.write_text(json.dumps(ids))
@@ -107,7 +119,7 @@ def test_logits_match_the_oracle(tmp_path, seed, oracle_tie_order):
     ours = DeepseekV41ForCausalLM.from_pretrained(checkpoint)(ids)
     top1, rel = compare(ours, oracle_logits(checkpoint, ids.tolist(), tmp_path))
     print(f"seed {seed}: top-1 agreement {top1:.4f}, RMS relative error {rel:.2e}")
-    assert top1 >= 0.98 and rel <= 1e-3, (top1, rel)
+    assert top1 == 1.0 and rel <= RMS_BOUND, (top1, rel)
 
 
 def test_tie_order_is_the_only_difference(tmp_path):
@@ -152,4 +164,5 @@ def test_oracle_written_checkpoint_loads_and_matches(tmp_path, oracle_tie_order)
     ids = prompt(64, 7)
     ours = DeepseekV41ForCausalLM.from_pretrained(checkpoint)(ids)
     top1, rel = compare(ours, oracle_logits(checkpoint, ids.tolist(), tmp_path))
-    assert top1 >= 0.98 and rel <= 1e-3, (top1, rel)
+    print(f"oracle-written checkpoint: top-1 agreement {top1:.4f}, RMS relative error {rel:.2e}")
+    assert top1 == 1.0 and rel <= RMS_BOUND, (top1, rel)
