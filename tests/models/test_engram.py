@@ -1,8 +1,8 @@
 """Engram's tokenizer-derived token map (spec §7.1) on the real V4 vocabulary.
 
 The released config says the map has 99092 classes (engram_compressed_vocab_size); an independent fact that
-our normalisation must reproduce exactly. It also equals NeMo AutoModel's map id for id (checked against
-tests/oracle/nemo_engram_reference.py during development: 0 of 129280 ids differ)."""
+our normalisation must reproduce exactly. That it also equals NeMo AutoModel's map id for id, and gives the same
+logits, is asserted by tests/oracle/test_nemo_parity.py."""
 
 from pathlib import Path
 

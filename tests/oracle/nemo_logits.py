@@ -4,7 +4,7 @@
 Run ONLY with the isolated oracle interpreter (see setup_oracle_venv.sh):
 
     .venv-oracle/bin/python tests/oracle/nemo_logits.py \
-        --checkpoint DIR --ids IDS_JSON --out OUT.npy [--dtype float32]
+        --checkpoint DIR --ids IDS_JSON --out OUT.npy [--dtype float32] [--token-map-out MAP.npy]
 
 * ``DIR`` is an official-format checkpoint directory: nested HF ``config.json``
   (``text_config`` / ``vision_config``), ``model.safetensors.index.json`` plus shards
@@ -14,6 +14,9 @@ Run ONLY with the isolated oracle interpreter (see setup_oracle_venv.sh):
 * ``IDS_JSON`` is a JSON file holding a flat list of token ids (one sequence) or an
   object ``{"input_ids": [...]}``. A literal JSON list on the command line is also accepted.
 * ``OUT.npy`` receives float32 logits of shape [T, vocab].
+* Engram's compressed token map is the identity when the config's ``engram_compressed_vocab_size`` equals its
+  ``vocab_size``, and otherwise NeMo's own map from ``tokenizer.json`` in the checkpoint (or ``--tokenizer``);
+  ``MAP.npy`` receives the int64 map the forward uses, one entry per token id.
 
 The NeMo model is used purely as an external oracle; nothing from it is imported by the
 deepinfer package. Execution is eager on CPU: attention backend "eager" (plain einsum +
@@ -154,31 +157,41 @@ def run(args: argparse.Namespace) -> None:
     if bad:
         raise OracleError(f"token ids outside [0, {tc.vocab_size}): {bad[:8]}")
 
-    # Engram hashing needs the tokenizer-derived compressed token map.
+    # The compressed token map follows the config, as in deepinfer: compressed vocab == vocab means the identity
+    # map (the convention of the small-vocabulary test presets; NeMo has none, so the harness supplies it), any
+    # other size means NeMo's own tokenizer-derived map, built by NeMo from the fast tokenizer.
     tokenizer = None
     engram_active = any(i < tc.num_hidden_layers for i in tc.engram_layer_ids)
     if engram_active:
-        tok_dir = Path(args.tokenizer) if args.tokenizer else ckpt
-        has_tok = (tok_dir / "tokenizer.json").is_file()
-        if args.engram_identity_map or (not has_tok and args.tokenizer is None):
-            if tc.engram_compressed_vocab_size != tc.vocab_size:
-                raise OracleError(
-                    "Engram is active and no tokenizer.json was found; the identity token map is only valid when "
-                    f"engram_compressed_vocab_size ({tc.engram_compressed_vocab_size}) == vocab_size ({tc.vocab_size}). "
-                    "Pass --tokenizer DIR."
-                )
-            _log("Engram: using the identity compressed-token map (no tokenizer; compressed vocab == vocab)")
+        identity = tc.engram_compressed_vocab_size == tc.vocab_size
+        if args.engram_identity_map and not identity:
+            raise OracleError(
+                "--engram-identity-map is only valid when engram_compressed_vocab_size "
+                f"({tc.engram_compressed_vocab_size}) == vocab_size ({tc.vocab_size})"
+            )
+        if identity:
+            _log("Engram: identity compressed-token map (compressed vocab == vocab)")
             nemo_engram._compressed_token_map = _identity_token_map(tc.vocab_size)
             tokenizer = object()  # never inspected once the map is patched
         else:
             from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+            tok_dir = Path(args.tokenizer) if args.tokenizer else ckpt
+            if not (tok_dir / "tokenizer.json").is_file():
+                raise OracleError(
+                    f"Engram's compressed vocab ({tc.engram_compressed_vocab_size}) differs from the vocab "
+                    f"({tc.vocab_size}), so NeMo builds the token map from the tokenizer, and {tok_dir} has no "
+                    "tokenizer.json; pass --tokenizer DIR"
+                )
             try:
                 tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), use_fast=True, trust_remote_code=False)
             except Exception as exc:  # noqa: BLE001
                 raise OracleError(f"could not load the fast tokenizer from {tok_dir}: {exc}") from exc
             if not isinstance(tokenizer, PreTrainedTokenizerFast):
                 raise OracleError("Engram hashing requires a fast tokenizer")
+            _log(f"Engram: NeMo's tokenizer-derived compressed-token map from {tok_dir}")
+    elif args.token_map_out:
+        raise OracleError("--token-map-out: the config has no active Engram layer")
 
     backend = BackendConfig(
         attn="eager",
@@ -199,6 +212,12 @@ def run(args: argparse.Namespace) -> None:
     if model.model.engram_hash is not None:
         model.model.engram_hash.init_weights()
     model.eval()
+    if args.token_map_out:
+        token_map = model.model.engram_hash.token_map.numpy().astype(np.int64)
+        Path(args.token_map_out).parent.mkdir(parents=True, exist_ok=True)
+        np.save(args.token_map_out, token_map)
+        _log(f"saved the token map the forward uses ({token_map.size} ids, {len(np.unique(token_map))} classes) "
+             f"to {args.token_map_out}")
     expected = model.state_dict()
     _log(f"built NeMo DeepseekV41ForCausalLM ({len(expected)} tensors) in {time.perf_counter() - t0:.2f}s")
 
@@ -278,11 +297,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ids", required=True, help="JSON file (or literal JSON list) with one sequence of ids")
     parser.add_argument("--out", required=True, help="output .npy path for float32 logits [T, vocab]")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="NeMo compute dtype")
-    parser.add_argument("--tokenizer", default=None, help="fast-tokenizer dir for Engram (default: checkpoint dir)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="fast-tokenizer dir for Engram when compressed vocab != vocab (default: the checkpoint dir)",
+    )
     parser.add_argument(
         "--engram-identity-map",
         action="store_true",
-        help="use the identity compressed-token map (tiny test models whose compressed vocab == vocab)",
+        help="require the identity compressed-token map (compressed vocab == vocab; that is also the default then)",
+    )
+    parser.add_argument(
+        "--token-map-out", default=None, help="optional .npy with the int64 compressed token map the forward uses"
     )
     parser.add_argument(
         "--hidden-out", default=None, help="optional .npz with the 4-stream residual entering every block"
