@@ -23,7 +23,8 @@ from deepinfer_plugins.ops.backends import ascend_backend
 from deepinfer_plugins.ops.quant import quantize_fp8_weight
 from integration_tests.host_reads import HOST_READS, PACKAGE, ModuleCalls
 from tests.ops.gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL,
-                                    fp8_activation_linear, rel_err, routing, stacked_fp4_experts)
+                                    fp8_activation_linear, moe_with_e4m3_activations, rel_err, routing,
+                                    stacked_fp4_experts)
 
 
 ND, FRACTAL_NZ = 2, 29  # torch_npu's format ids
@@ -549,7 +550,7 @@ def test_moe_experts_are_the_reference_with_e4m3_activations(npu, tokens, top_k,
     y = ascend_backend.moe_experts(x, route_weights, ids, experts, 4.0)
     assert [call["mode"] for call in npu.calls if isinstance(call, dict)] == ["MxA8W4"] * 3
     assert y.dtype == torch.float32 and y.shape == (tokens, 256)
-    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, fp8_activation_linear)
+    emulated = moe_with_e4m3_activations(x, route_weights, ids, experts, 4.0)
     torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
     assert rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
 
