@@ -71,7 +71,7 @@ def references(core_model):
 @pytest.fixture(scope="module")
 def planted_file(references, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("dspark") / "planted.json"
-    path.write_text(json.dumps([p + r for p, r in zip(PROMPTS, references)]))
+    path.write_text(json.dumps([p + r for p, r in zip(PROMPTS, references, strict=True)]))
     return path
 
 
@@ -90,6 +90,7 @@ def offline(checkpoint, tmp_path, proposer: str, planted_file: Path, kv_bytes: i
 
 
 def assert_identical(outputs, references):
+    assert len(outputs) == len(references), (len(outputs), len(references))
     for i, (got, want) in enumerate(zip(outputs, references)):
         first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
         assert got == want, f"prompt {i} ({len(PROMPTS[i])} tokens): speculative output differs at token {first}"
@@ -146,7 +147,7 @@ def test_server_with_dspark_speculation_reports_spec_decode_metrics(checkpoint, 
                         break
                 except httpx.HTTPError:
                     time.sleep(2)
-            for prompt, want in list(zip(PROMPTS, references))[:3]:
+            for prompt, want in list(zip(PROMPTS, references, strict=True))[:3]:
                 body = {"model": "tiny", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
                         "return_token_ids": True}
                 raw = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()

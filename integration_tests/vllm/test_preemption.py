@@ -67,5 +67,5 @@ def test_outputs_survive_preemption_and_chunked_prefill(model_under_test, tmp_pa
     assert line, result.stderr[-4000:]
     data = json.loads(line[len("RESULT"):])
     assert data["preemptions"] > 0, "the KV cache was meant to be too small for the batch"
-    for prompt, output in zip(prompts, data["outputs"]):
+    for prompt, output in zip(prompts, data["outputs"], strict=True):
         assert output == generate(core_model, prompt, SamplingParams(max_new_tokens=40, stop_token_ids=(1,)))

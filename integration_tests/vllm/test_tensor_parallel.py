@@ -33,5 +33,5 @@ def test_tp2_greedy_output_equals_the_unsharded_model(checkpoint, core_model, tm
                             capture_output=True, text=True, timeout=900, env=env)
     line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT")), None)
     assert line, result.stderr[-4000:]
-    for prompt, output in zip(prompts, json.loads(line[len("RESULT"):])):
+    for prompt, output in zip(prompts, json.loads(line[len("RESULT"):]), strict=True):
         assert output == generate(core_model, prompt, SamplingParams(max_new_tokens=16, stop_token_ids=(1,)))

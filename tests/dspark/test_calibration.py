@@ -25,7 +25,8 @@ def test_sts_reduces_cumulative_ece_and_keeps_ranking():
     ones = np.ones(w.gamma)
     raw = calibration_report(conf, acc, ones)
     cal = calibration_report(conf, acc, temps)
-    for r, c in zip(raw, cal):
+    assert [r["position"] for r in raw] == [c["position"] for c in cal] == list(range(1, w.gamma + 1))
+    for r, c in zip(raw, cal, strict=True):
         assert c["ece_calibrated"] < 0.6 * r["ece_calibrated"], (r, c)
         assert c["auc_conditional"] == pytest.approx(r["auc_conditional"], abs=1e-12)
     assert (temps > 1).all()  # an overconfident head gets cooled

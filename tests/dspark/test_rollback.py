@@ -97,11 +97,13 @@ def test_rollback_limits(tiny256_f64):
 
 def test_rings_keep_the_window_through_a_rollback(tiny256_f64):
     """A verify forward writes up to max_rollback rows past the anchor; with a ring of window + max_rollback
-    rows those never overwrite positions the next token still needs."""
+    rows those never overwrite positions the next token still needs: after the rollback every layer's ring
+    holds the window's records as a cache that never saw the rejected tokens does."""
     ids = prompt(30, 5)
-    cache = new_cache(tiny256_f64, 3)
+    cache, fresh = new_cache(tiny256_f64, 3), new_cache(tiny256_f64, 3)
     tiny256_f64(ids[:20], cache)
     tiny256_f64(torch.tensor([7, 8, 9, 10]), cache)  # positions 20..23
     cache.rollback(21)
+    tiny256_f64(torch.cat((ids[:20], torch.tensor([7]))), fresh)
     for layer in range(tiny256_f64.args.num_hidden_layers):
-        cache.rings[layer].read(21 - 8, 21)  # would raise if a row had been overwritten
+        assert torch.equal(cache.rings[layer].read(21 - 8, 21), fresh.rings[layer].read(21 - 8, 21)), layer

@@ -69,9 +69,15 @@ def test_greedy_generate_matches_argmax_of_the_full_forward(tiny256):
 
 
 def test_sampled_generate_is_reproducible_per_seed(tiny256):
+    """The same seed repeats the sample and another seed draws another one: equal runs alone would also pass if
+    sampling ignored the seed, or fell back to greedy."""
     ids = prompt(30, 5).tolist()
-    params = SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.9, top_k=50, seed=7)
-    assert generate(tiny256, ids, params) == generate(tiny256, ids, params)
+
+    def sample(seed):
+        return generate(tiny256, ids, SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.9, top_k=50, seed=seed))
+
+    assert sample(7) == sample(7)
+    assert sample(8) != sample(7)
 
 
 def test_stop_token_ends_generation(tiny256):

@@ -37,11 +37,14 @@ def test_a_long_write_keeps_only_the_last_size_positions():
 
 
 def test_rollback_forgets_later_positions():
+    """The positions kept read back unchanged, the forgotten ones are refused, and a rewrite of a forgotten
+    position reads back its new record."""
     ring = _ring(6)
-    ring.write(_latents(5, 3), 0)
+    latents, rewritten = _latents(5, 3), _latents(1, 4)
+    ring.write(latents, 0)
     ring.rollback(3)
-    ring.read(0, 3)
+    assert torch.equal(ring.read(0, 3), ops.pack_cache_records(latents[:3], "fp8_window"))
     with pytest.raises(RuntimeError, match="does not hold positions 2..3"):
         ring.read(2, 4)
-    ring.write(_latents(1, 4), 3)
-    assert ring.read(0, 4).shape == (4, ops.record_bytes("fp8_window", DIM))
+    ring.write(rewritten, 3)
+    assert torch.equal(ring.read(0, 4), ops.pack_cache_records(torch.cat((latents[:3], rewritten)), "fp8_window"))

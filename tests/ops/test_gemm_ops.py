@@ -1,5 +1,6 @@
-"""linear_fp8 / linear_fp4: references equal the old dequantise + matmul path; DeepGEMM / FlashInfer wrappers
-keep the documented call contract (checked against fake modules that do the documented math on CPU)."""
+"""linear_fp8 / linear_fp4: references are x times the weight decoded from its codes and scales; DeepGEMM /
+FlashInfer wrappers keep the documented call contract (checked against fake modules that do the documented math
+on CPU). Expected values come from gemm_support's decoders, written from the formats' definitions."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ from deepinfer_plugins.ops.quant import quantize_fp4_weight, quantize_fp8_weight
 from deepinfer_plugins.ops.registry import DEVICE_PREFERENCE, ENTRY_POINT_GROUP, OpRegistry
 from integration_tests.host_reads import ModuleCalls
 
-from .gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL,
-                           fp8_activation_linear, rel_err, routing, stacked_fp4_experts)
-
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+from .gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL, dense_fp4, dense_fp8,
+                           e2m1_values, e4m3_activation, e4m3_values, moe_with_e4m3_activations, rel_err, routing,
+                           stacked_fp4_experts)
 
 
 def _fp8_weight(out_features, in_features, seed=0):
@@ -38,33 +38,51 @@ def _x(tokens, in_features, dtype, seed=2):
     return torch.randn(*tokens, in_features, generator=g).to(dtype)
 
 
-def _activation_fake_quant(x, block):
-    """What a backend's quantised activation dequantises to (per token, per ``block`` columns)."""
-    return ops.fp8_fake_quant.reference(x.float(), block)
-
-
 def _e8m0_decode(byte):
     return torch.pow(2.0, byte.to(torch.float32) - 127.0)
 
 
 # --- references ---------------------------------------------------------------------------------------------
 
+def test_format_decoders_give_hand_computed_values():
+    """The decoders the expected values below are built from, on codes worked out by hand."""
+    e4m3 = torch.tensor([0x00, 0x80, 0x01, 0x07, 0x08, 0x38, 0x3C, 0xC4, 0x7E, 0xFE], dtype=torch.uint8)
+    want = [0.0, -0.0, 2.0**-9, 7 * 2.0**-9, 2.0**-6, 1.0, 1.5, -3.0, 448.0, -448.0]
+    assert e4m3_values(e4m3).tolist() == want
+    assert e4m3_values(torch.tensor([0x7F, 0xFF], dtype=torch.uint8)).isnan().all()
+    assert torch.equal(e2m1_values(torch.tensor([[0x2F, 0x0B]], dtype=torch.uint8).view(torch.int8)),
+                       torch.tensor([[-6.0, 1.0, -1.5, 0.0]], dtype=torch.float64))  # even column = low nibble
+    scale = torch.tensor([[126, 129]], dtype=torch.uint8).view(torch.float8_e8m0fnu)  # 2^-1, 2^2
+    codes = torch.full((2, 64), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)  # 1.0
+    assert dense_fp8(codes, scale).unique(dim=0).tolist() == [[0.5] * 32 + [4.0] * 32]
+    # amax 1.0 -> 1/448 -> scale 2^-8; 76 * 2^-8 lies halfway between E4M3 72 and 80 and goes to the even 80.
+    x = torch.tensor([1.0, 76 * 2.0**-8, 0.3, -0.3] + [0.0] * 28)
+    assert e4m3_activation(x)[:4].tolist() == [1.0, 80 * 2.0**-8, 80 * 2.0**-8, -80 * 2.0**-8]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 96), (80, 40), (33, 70)])
-def test_linear_fp8_reference_is_dequantise_then_matmul(dtype, shape):
+def test_linear_fp8_reference_is_x_times_the_decoded_weight(dtype, shape):
+    """The decoded weight is exact in x's dtype, so the CPU path is bit for bit x @ W^T in that dtype."""
     weight, scale = _fp8_weight(*shape)
     x = _x((3, 5), shape[1], dtype)
-    old = x @ ops.dequant_fp8_weight(weight, scale, dtype).t()
-    assert torch.equal(ops.linear_fp8(x, weight, scale), old)
+    dense = dense_fp8(weight, scale)
+    assert torch.equal(dense.to(dtype).double(), dense)
+    y = ops.linear_fp8(x, weight, scale)
+    assert torch.equal(y, x @ dense.to(dtype).t())
+    assert rel_err(y, x.double() @ dense.t()) < OUTPUT_ROUNDING_REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 96), (48, 32)])
-def test_linear_fp4_reference_is_dequantise_then_matmul(dtype, shape):
+def test_linear_fp4_reference_is_x_times_the_decoded_weight(dtype, shape):
     weight, scale = _fp4_weight(*shape)
     x = _x((7,), shape[1], dtype)
-    old = x @ ops.dequant_fp4_weight(weight, scale, dtype).t()
-    assert torch.equal(ops.linear_fp4(x, weight, scale), old)
+    dense = dense_fp4(weight, scale)
+    assert torch.equal(dense.to(dtype).double(), dense)
+    y = ops.linear_fp4(x, weight, scale)
+    assert torch.equal(y, x @ dense.to(dtype).t())
+    assert rel_err(y, x.double() @ dense.t()) < OUTPUT_ROUNDING_REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp4", "float"])
@@ -75,15 +93,17 @@ def test_linear_module_unchanged_with_and_without_keep_dense(fmt, dtype):
     dense = torch.randn(48, 64, generator=g)
     if fmt == "fp8":
         layer.weight.data, layer.scale.data = quantize_fp8_weight(dense)
+        dense = dense_fp8(layer.weight, layer.scale)
     elif fmt == "fp4":
         layer.weight.data, layer.scale.data = quantize_fp4_weight(dense)
+        dense = dense_fp4(layer.weight, layer.scale)
     else:
         layer.weight.data = dense
     x = _x((2, 3), 64, dtype)
-    old = x @ layer.dense_weight(dtype).t()
-    assert torch.equal(layer(x), old)
+    want = x @ dense.to(dtype).t()
+    assert torch.equal(layer(x), want)
     layer.keep_dense(dtype)
-    assert torch.equal(layer(x), old)
+    assert torch.equal(layer(x), want)
 
 
 # --- registry wiring ----------------------------------------------------------------------------------------
@@ -196,7 +216,7 @@ class FakeDeepGemm(types.ModuleType):
         if b_data.dtype == torch.int8:
             assert self.arch == 10, "packed FP4 operands are SM100 only"
             n, k_b = b_data.shape[0], b_data.shape[1] * 2
-            b_values = _unpack_e2m1(b_data)
+            b_values = e2m1_values(b_data)
         else:
             assert b_data.dtype == torch.float8_e4m3fn
             n, k_b = b_data.shape
@@ -256,9 +276,9 @@ class FakeDeepGemm(types.ModuleType):
                                              recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False,
                                              use_psum_layout=False, ensure_zero_padding=True,
                                              expected_m_for_psum_layout=None):
-        assert expected_m_for_psum_layout is None or expected_m_for_psum_layout >= 1
         """Group g owns rows [align(end[g-1]), end[g]) of a and d; rows outside every group are left unwritten
         (NaN here), as the kernel leaves them."""
+        assert expected_m_for_psum_layout is None or expected_m_for_psum_layout >= 1
         (a_data, sfa), (b_data, sfb) = a, b
         assert self.arch == 10 and use_psum_layout and recipe == (1, 1, 32)
         assert a_data.dtype == torch.float8_e4m3fn and a_data.stride(-1) == 1
@@ -276,7 +296,7 @@ class FakeDeepGemm(types.ModuleType):
         for g, end in enumerate(ends):
             if end > start:
                 a_deq = a_data[start:end].double() * _expand(sfa[start:end], 1, 32, end - start, k)
-                b_deq = _unpack_e2m1(b_data[g]) * _expand(2.0 ** (sfb[g].double() - 127), 1, 32, n, k)
+                b_deq = e2m1_values(b_data[g]) * _expand(2.0 ** (sfb[g].double() - 127), 1, 32, n, k)
                 d[start:end] = (a_deq @ b_deq.t()).to(d.dtype)
             start = -(-end // self.alignment) * self.alignment
         self.grouped_calls += 1
@@ -284,13 +304,6 @@ class FakeDeepGemm(types.ModuleType):
 
 def _expand(sf, gran_rows, gran_k, rows, k):
     return sf.double().repeat_interleave(gran_rows, 0).repeat_interleave(gran_k, 1)[:rows, :k]
-
-
-def _unpack_e2m1(packed):
-    byte = packed.view(torch.uint8).long()
-    codes = torch.stack((byte & 0xF, byte >> 4), dim=-1).reshape(packed.shape[0], -1)
-    magnitude = torch.tensor(E2M1, dtype=torch.float64)[codes & 0x7]
-    return torch.where(codes >= 8, -magnitude, magnitude)
 
 
 @pytest.fixture
@@ -314,10 +327,10 @@ def test_deepgemm_sm100_fp8_passes_checkpoint_scales_at_block_32(fake_deep_gemm,
     assert call["recipe"] == (1, 32, 32)
     assert call["b_data"] is weight
     assert torch.equal(call["sfb"], scale.float())
-    assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))  # weight side exact
-    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32).reshape(-1, 256))
+    assert torch.equal(call["b"], dense_fp8(weight, scale))  # weight side exact
+    assert torch.equal(call["a"], e4m3_activation(x, 32).reshape(-1, 256))
     assert y.shape == (2, 3, out_features) and y.dtype == dtype
-    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
+    expected = e4m3_activation(x, 32) @ dense_fp8(weight, scale).t()
     assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
     assert rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
@@ -331,9 +344,9 @@ def test_deepgemm_sm100_fp4_passes_packed_weight_unchanged(fake_deep_gemm, dtype
     (call,) = fake.calls
     assert call["recipe"] == (1, 1, 32)
     assert call["b_data"].dtype == torch.int8 and torch.equal(call["b_data"], weight)
-    assert torch.equal(call["b"], ops.dequant_fp4_weight(weight, scale, torch.float64))
+    assert torch.equal(call["b"], dense_fp4(weight, scale))
     assert y.shape == (5, 192) and y.dtype == dtype
-    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp4_weight(weight, scale, torch.float32).t()
+    expected = e4m3_activation(x, 32) @ dense_fp4(weight, scale).t()
     assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
     assert rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
@@ -349,9 +362,9 @@ def test_deepgemm_sm90_fp8_requantises_to_128_blocks_exactly(fake_deep_gemm):
     (call,) = fake.calls
     assert call["recipe"] == (1, 128, 128)
     assert call["sfb"].shape == (2, 2)
-    assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))
-    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 128))
-    expected = _activation_fake_quant(x, 128) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
+    assert torch.equal(call["b"], dense_fp8(weight, scale))
+    assert torch.equal(call["a"], e4m3_activation(x, 128))
+    expected = e4m3_activation(x, 128) @ dense_fp8(weight, scale).t()
     assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
 
 
@@ -368,7 +381,7 @@ def test_requantize_to_128_blocks_is_exact_or_declines():
     values, tile_scale = converted
     assert values.dtype == torch.float8_e4m3fn and tile_scale.shape == (2, 2) and tile_scale.dtype == torch.float32
     refolded = values.float() * tile_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
-    assert torch.equal(refolded, ops.dequant_fp8_weight(weight_shifted, exact_scale, torch.float32))
+    assert torch.equal(refolded.double(), dense_fp8(weight_shifted, exact_scale))
 
     byte[0, 0] -= 12  # one block 2^13 below its tile's largest scale: its values underflow E4M3
     assert deepgemm_backend.requantize_to_128_blocks(weight_shifted, byte.view(torch.float8_e8m0fnu)) is None
@@ -401,8 +414,8 @@ def _grouped_case(groups, rows, in_features, tokens, dtype, seed=5):
 
 
 def _grouped_expected(x, weight, scale, block):
-    dense = ops.dequant_fp8_weight(weight, scale, torch.float32).unflatten(0, (x.shape[1], -1))
-    return torch.einsum("ngi,goi->ngo", _activation_fake_quant(x, block), dense)
+    dense = dense_fp8(weight, scale).unflatten(0, (x.shape[1], -1))
+    return torch.einsum("ngi,goi->ngo", e4m3_activation(x, block), dense)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -415,7 +428,7 @@ def test_deepgemm_sm100_grouped_fp8_is_one_einsum_over_the_stored_weight(fake_de
     assert call["recipe"] == (1, 32, 32)
     assert call["b_data"].data_ptr() == weight.data_ptr() and call["b_data"].shape == (groups, rows, 256)
     assert torch.equal(call["sfb"], scale.float().view(groups, rows // 32, 8))
-    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32))
+    assert torch.equal(call["a"], e4m3_activation(x, 32))
     assert y.shape == (tokens, groups, rows) and y.dtype == dtype
     assert rel_err(y, _grouped_expected(x, weight, scale, 32)) < OUTPUT_ROUNDING_REL_TOL[dtype]
     assert rel_err(y, ops.linear_fp8_grouped.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
@@ -431,7 +444,7 @@ def test_deepgemm_sm90_grouped_fp8_folds_scales_per_group(fake_deep_gemm):
     (call,) = fake.calls
     assert call["recipe"] == (1, 128, 128)
     assert torch.equal(call["sfb"], torch.tensor([2.0**-8, 2.0**-6]).view(2, 1, 1).expand(2, 1, 2))
-    assert torch.equal(call["b"].flatten(0, 1), ops.dequant_fp8_weight(weight, scale, torch.float64))
+    assert torch.equal(call["b"].flatten(0, 1), dense_fp8(weight, scale))
     assert rel_err(y, _grouped_expected(x, weight, scale, 128)) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
 
 
@@ -463,7 +476,7 @@ def test_deepgemm_moe_is_the_reference_with_e4m3_activations(fake_deep_gemm, tok
     route_weights, ids = routing(tokens, 8, top_k, only=only)
     y = deepgemm_backend.moe_experts(x, route_weights, ids, experts, 4.0, arch=10)
     assert fake.grouped_calls == 3 and y.dtype == torch.float32 and y.shape == (tokens, 256)
-    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, fp8_activation_linear)
+    emulated = moe_with_e4m3_activations(x, route_weights, ids, experts, 4.0)
     torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
     assert rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
 
@@ -602,9 +615,7 @@ def test_swizzle_128x4_matches_the_documented_tiling():
 
 def test_e2m1_to_e4m3_is_exact():
     weight, _ = _fp4_weight(16, 64)
-    ones = torch.ones(16, 2, dtype=torch.float8_e8m0fnu)
-    expected = ops.dequant_fp4_weight(weight, ones, torch.float32)
-    assert torch.equal(flashinfer_backend.e2m1_to_e4m3(weight).float(), expected)
+    assert torch.equal(flashinfer_backend.e2m1_to_e4m3(weight).double(), e2m1_values(weight))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -615,10 +626,10 @@ def test_flashinfer_fp8_expands_block_scales_to_rows_exactly(fake_flashinfer, dt
     y = flashinfer_backend.linear_fp8(x, weight, scale)
     (call,) = fake_flashinfer.calls
     assert call["b_data"].shape == (256, out_features)
-    assert torch.equal(call["b"], ops.dequant_fp8_weight(weight, scale, torch.float64))
-    assert torch.equal(call["a"].float(), _activation_fake_quant(x, 32).reshape(-1, 256))
+    assert torch.equal(call["b"], dense_fp8(weight, scale))
+    assert torch.equal(call["a"], e4m3_activation(x, 32).reshape(-1, 256))
     assert y.shape == (2, 3, out_features) and y.dtype == dtype
-    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp8_weight(weight, scale, torch.float32).t()
+    expected = e4m3_activation(x, 32) @ dense_fp8(weight, scale).t()
     assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[dtype]
     assert rel_err(y, ops.linear_fp8.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL
 
@@ -628,8 +639,8 @@ def test_flashinfer_fp4_reencodes_to_e4m3_exactly(fake_flashinfer):
     x = _x((9,), 384, torch.bfloat16)
     y = flashinfer_backend.linear_fp4(x, weight, scale)
     (call,) = fake_flashinfer.calls
-    assert torch.equal(call["b"], ops.dequant_fp4_weight(weight, scale, torch.float64))
-    expected = _activation_fake_quant(x, 32) @ ops.dequant_fp4_weight(weight, scale, torch.float32).t()
+    assert torch.equal(call["b"], dense_fp4(weight, scale))
+    expected = e4m3_activation(x, 32) @ dense_fp4(weight, scale).t()
     assert y.shape == (9, 128) and y.dtype == torch.bfloat16
     assert rel_err(y, expected) < OUTPUT_ROUNDING_REL_TOL[torch.bfloat16]
     assert rel_err(y, ops.linear_fp4.reference(x, weight, scale)) < ACTIVATION_FP8_REL_TOL

@@ -358,7 +358,7 @@ def test_sinkhorn_and_coefficients(gen):
         want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
         for splits in (0, 3):  # the default and partial sums over input slices (what a GPU launch uses)
             got = mhc.hc_coefficients(streams, fn, base, scale, 20, 1e-6, 1e-20, splits)
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 

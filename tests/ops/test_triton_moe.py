@@ -82,7 +82,7 @@ def test_the_block_table_covers_every_assignment_once():
     order, expert, row0, row_end = moe.block_table(ids, n_experts=5, block_m=2)
     assert expert.tolist()[:6] == [0, 1, 2, 3, 3, 3] and (expert[6:] == -1).all()
     assert row0.tolist()[:6] == [0, 2, 4, 5, 7, 9] and row_end.tolist()[:6] == [2, 4, 5, 10, 10, 10]
-    rows = torch.cat([order[a:min(a + 2, b)] for e, a, b in zip(expert, row0, row_end) if e >= 0])
+    rows = torch.cat([order[a:min(a + 2, b)] for e, a, b in zip(expert, row0, row_end, strict=True) if e >= 0])
     assert sorted(rows.tolist()) == list(range(10))
     assert (ids.flatten()[order] == torch.tensor([0, 0, 1, 1, 2, 3, 3, 3, 3, 3])).all()
 

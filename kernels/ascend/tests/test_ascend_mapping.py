@@ -23,7 +23,8 @@ from deepinfer_plugins.ops.backends import ascend_backend
 from deepinfer_plugins.ops.quant import quantize_fp8_weight
 from integration_tests.host_reads import HOST_READS, PACKAGE, ModuleCalls
 from tests.ops.gemm_support import (ACTIVATION_FP8_REL_TOL, MOE_FP8_REL_TOL, OUTPUT_ROUNDING_REL_TOL,
-                                    fp8_activation_linear, rel_err, routing, stacked_fp4_experts)
+                                    fp8_activation_linear, moe_with_e4m3_activations, rel_err, routing,
+                                    stacked_fp4_experts)
 
 
 ND, FRACTAL_NZ = 2, 29  # torch_npu's format ids
@@ -286,7 +287,7 @@ def test_hc_coefficients_call_and_result(npu, n):
                             ((2 + n) * n,), None, 1e-20, 1e-6, 1)
     assert npu.calls[1] == ("npu_mhc_sinkhorn", (5, n, n), torch.float32, 1e-6, 20)
     want = ops.hc_coefficients.reference(streams, fn, base, scale, 20, 1e-6, 1e-20)
-    for got, ref in zip((pre, post, comb), want):
+    for got, ref in zip((pre, post, comb), want, strict=True):
         assert got.dtype == torch.float32 and got.shape == ref.shape
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
 
@@ -519,7 +520,7 @@ def test_weight_companions_are_built_once_and_follow_the_weight(npu):
     biases = [call["bias"][0] for call in npu.calls if isinstance(call, dict) and call.get("mode") == "MxA8W4"]
     ascend_backend.moe_experts(x[:3], route_weights, ids, experts, None)
     again = [call["bias"][0] for call in npu.calls if isinstance(call, dict) and call.get("mode") == "MxA8W4"]
-    assert len(biases) == 3 and all(a is b for a, b in zip(biases, again[3:]))
+    assert len(biases) == 3 and len(again) == 6 and all(a is b for a, b in zip(biases, again[3:]))
     assert all(torch.count_nonzero(b) == 0 for b in biases)
 
 
@@ -549,7 +550,7 @@ def test_moe_experts_are_the_reference_with_e4m3_activations(npu, tokens, top_k,
     y = ascend_backend.moe_experts(x, route_weights, ids, experts, 4.0)
     assert [call["mode"] for call in npu.calls if isinstance(call, dict)] == ["MxA8W4"] * 3
     assert y.dtype == torch.float32 and y.shape == (tokens, 256)
-    emulated = ops.moe.experts_one_by_one(x, route_weights, ids, experts, 4.0, fp8_activation_linear)
+    emulated = moe_with_e4m3_activations(x, route_weights, ids, experts, 4.0)
     torch.testing.assert_close(y, emulated, rtol=0, atol=1e-6 * emulated.abs().max().item())
     assert rel_err(y, ops.moe_experts.reference(x, route_weights, ids, experts, 4.0)) < MOE_FP8_REL_TOL
 
@@ -638,7 +639,7 @@ def test_the_model_calls_every_npu_mapping_and_its_gemms_are_the_fp8_activation_
     assert {"npu_sparse_flash_attention", "npu_mhc_pre", "npu_mhc_sinkhorn", "npu_mhc_post", "npu_dynamic_mx_quant",
             "npu_format_cast", "MxA8W8", "MxA8W4"} <= called
     monkeypatch.setitem(DEVICE_PREFERENCE, "cpu", ("emulated", "ascend"))
-    for got, want in zip(on_npu, prefill_and_decode()):
+    for got, want in zip(on_npu, prefill_and_decode(), strict=True):
         assert rel_err(got, want) < 1e-3
 
 
