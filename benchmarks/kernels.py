@@ -2,11 +2,12 @@
 
 On CPU only the reference is timed (the Triton interpreter says nothing about speed). On CUDA every registered
 backend is timed and, with --check, first compared with the reference (bit-exact for quantisers, records, RoPE
-and top-k ids; 2e-2 and cosine > 0.9999 elsewhere). Both ceilings are measured in the same run: a device copy
-for the memory-bound ops and a dense bf16 8192^3 matrix product for sparse attention. GPU times are CUDA-graph
-replays of back-to-back calls (launch overhead excluded); inputs of the sparse-attention cases rotate over
-several copies so that they do not sit in L2. ``--sweep`` also times every Triton tile configuration and both
-CUDA attention kernels. Writes a markdown table (default benchmarks/results/kernels.md) and one JSON line per row.
+and top-k ids; per row within two bf16 roundings for the routed experts, see ``agrees_by_row``; 2e-2 and
+cosine > 0.9999 elsewhere). Both ceilings are measured in the same run: a device copy for the memory-bound ops
+and a dense bf16 8192^3 matrix product for sparse attention. GPU times are CUDA-graph replays of back-to-back
+calls (launch overhead excluded); inputs of the sparse-attention cases rotate over several copies so that they
+do not sit in L2. ``--sweep`` also times every Triton tile configuration and both CUDA attention kernels. Writes
+a markdown table (default benchmarks/results/kernels.md) and one JSON line per row.
 
   python benchmarks/kernels.py [--device cuda] [--check] [--sweep] [--quick] [--out FILE]
 """
@@ -37,6 +38,7 @@ class Case:
     compute_bound: bool = False
     in_place: bool = False  # first argument is written: the check runs on a clone
     notes: dict = field(default_factory=dict)
+    rounding: torch.dtype | None = None  # the dtype every path rounds its intermediates to: see agrees_by_row
 
 
 def time_gpu(fn, args_list, calls: int = 20, repeats: int = 5) -> float:
@@ -169,11 +171,12 @@ def moe_experts_case(tokens: int, experts: ops.ExpertWeights, g) -> Case:
     touched = int(ids.unique().numel())
     nbytes = touched * 3 * dim * inter * 17 // 32 + tokens * dim * (2 + 4)
     return Case(f"moe_experts[T={tokens}, E={n_experts}]", [(x, weights, ids, experts, 10.0)], nbytes,
-                tokens * 6 * 3 * 2 * dim * inter, notes=dict(touched=touched))
+                tokens * 6 * 3 * 2 * dim * inter, notes=dict(touched=touched), rounding=x.dtype)
 
 
-def v41_experts(n_experts: int, device: str) -> ops.ExpertWeights:
-    """A stack of random FP4 experts (d = 5120, I = 2304) made on the device (a full layer's 384 are 6.8 GB)."""
+def v41_experts(n_experts: int, device: str, dim: int = 5120, inter: int = 2304) -> ops.ExpertWeights:
+    """A stack of random FP4 experts (V4.1: d = 5120, I = 2304) made on the device (a full layer's 384 are 6.8 GB).
+    Random codes and scales 2^-9..2^-5 give V4.1-sized outputs: magnitudes up to ~130, rms ~25 per token."""
     torch.manual_seed(0)
 
     def codes(*shape):
@@ -182,9 +185,9 @@ def v41_experts(n_experts: int, device: str) -> ops.ExpertWeights:
     def scales(*shape):
         return torch.randint(118, 123, shape, dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
 
-    return ops.ExpertWeights(codes(n_experts, 2304, 2560), scales(n_experts, 2304, 160),
-                             codes(n_experts, 2304, 2560), scales(n_experts, 2304, 160),
-                             codes(n_experts, 5120, 1152), scales(n_experts, 5120, 72))
+    return ops.ExpertWeights(codes(n_experts, inter, dim // 2), scales(n_experts, inter, dim // 32),
+                             codes(n_experts, inter, dim // 2), scales(n_experts, inter, dim // 32),
+                             codes(n_experts, dim, inter // 2), scales(n_experts, dim, inter // 32))
 
 
 def cases(device: str, quick: bool) -> list[Case]:
@@ -293,6 +296,50 @@ def agrees(got, want, exact: bool) -> tuple[bool, str]:
     return ok, f"max abs {max_abs:.2e}, cos {cos:.6f}"
 
 
+def in_float64(value):
+    """Float tensors (fp32 and wider-than-byte formats; FP8 / E8M0 codes stay as stored) in float64, through tuples
+    and NamedTuples: the arguments of a reference run without rounding to bf16."""
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.dtype.is_floating_point and value.dtype.itemsize > 1 else value
+    if isinstance(value, tuple):
+        converted = [in_float64(v) for v in value]
+        return type(value)(*converted) if hasattr(value, "_fields") else tuple(converted)
+    return value
+
+
+def row_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """||got - want|| / ||want|| of every row (last dimension), in float64."""
+    a, b = got.double().flatten(0, -2), want.double().flatten(0, -2)
+    return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=torch.finfo(torch.float64).tiny)
+
+
+def agrees_by_row(got, want, want64, rounding: torch.dtype) -> tuple[bool, str]:
+    """For an op whose every path rounds the same intermediates to ``rounding`` as the reference does (the routed
+    experts: projections, SwiGLU, weighted activation and down projection in x's bf16) and differs only in the
+    fp32 summation order of its dot products. An order difference moves a rounding by one bf16 step wherever the
+    exact value lies near a boundary, and at V4.1's output magnitudes (up to ~130) one step is 0.25 to 0.5: two
+    correct paths fail any fixed elementwise tolerance, with cosine 1.000000. Per row, each path is within about
+    one unit roundoff u = 2^-8 of the unrounded result (the reference against its own run on float64 inputs:
+    3.6e-3 to 4.0e-3 per row at V4.1 width, 5.6e-3 at 512), so two correct paths are within 2u = 7.8e-3 of each
+    other, and in practice far closer, as they round alike almost everywhere (worst rows 3e-4 to 6e-4). Pass:
+    every row within 2u of the reference. A wrong expert, a dropped assignment, swapped nibbles or an expert's
+    scales off by a binade move a row by 0.2 to 0.8 of its norm (tests/ops/test_kernel_benchmark_check.py), one
+    wrong scale column of an expert by 2.4e-2. A single misread 32-weight block moves one element per row and can
+    hide in the rounding at these magnitudes: tests/ops/test_triton_moe.py checks the indexing elementwise at
+    small ones. ``want64``, the reference on float64 inputs, is reported: the table then shows how far the
+    reference itself is from the unrounded result."""
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    want = want if isinstance(want, torch.Tensor) else want[0]
+    tol = torch.finfo(rounding).eps  # 2u
+    worst = row_errors(got, want).max().item() if want.numel() else 0.0
+    max_abs = (got.double() - want.double()).abs().max().item() if want.numel() else 0.0
+    text = f"row err {worst:.1e} (tol {tol:.1e}), max abs {max_abs:.2e}"
+    if want64 is not None and want.numel():
+        text += (f"; vs fp64: reference {row_errors(want, want64).max().item():.1e}, "
+                 f"this {row_errors(got, want64).max().item():.1e}")
+    return bool(worst <= tol), text
+
+
 def attention_variants(device: str) -> dict:
     """Named sparse-attention implementations to sweep: Triton tile configurations and the CUDA kernels this
     device's architecture runs (mma and simt everywhere, wgmma on sm_90, tcgen05 on sm_100 / sm_103)."""
@@ -380,7 +427,7 @@ def main() -> None:
             if op_name == "hc_collapse_norm":  # the two launches the model made before the fused op
                 impls["hc_collapse then rms_norm"] = lambda s, p, w, e: ops.rms_norm(ops.hc_collapse(s, p), w, e)
         first = case.args_list[0]
-        ref_out = None
+        ref_out = ref64 = None
         reference_seconds = None
         copy_seconds = None if case.compute_bound else same_size_copy(case.nbytes, len(case.args_list), device, timer)
         for label, fn in impls.items():
@@ -401,8 +448,11 @@ def main() -> None:
                 verdict = ""
                 if label == "reference":
                     ref_out = result
+                    if args.check and case.rounding is not None:
+                        ref64 = op.reference(*in_float64(first))
                 elif args.check and ref_out is not None:
-                    ok, verdict = agrees(result, ref_out, op_name in EXACT_OPS)
+                    ok, verdict = (agrees_by_row(result, ref_out, ref64, case.rounding) if case.rounding is not None
+                                   else agrees(result, ref_out, op_name in EXACT_OPS))
                     if not ok:
                         failures.append(f"{case.name}/{label} ({verdict})")
                         verdict = "MISMATCH " + verdict

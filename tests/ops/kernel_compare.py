@@ -38,6 +38,12 @@ def _to(value, device):
     return value
 
 
+def to_test_device(value):
+    """A tensor, or a tuple / NamedTuple / list of them, on TEST_DEVICE: for tests that call a launcher directly
+    (to watch what it does) instead of through ``on_test_device``."""
+    return _to(value, TEST_DEVICE)
+
+
 class on_test_device(types.SimpleNamespace):
     """A kernel module whose launchers run on TEST_DEVICE: tensor arguments are copied there, results come back
     to the CPU, and arguments a kernel wrote in place are copied back, so one test reads the same on any device."""

@@ -229,6 +229,8 @@ def test_tiny_model_on_gpu_matches_cpu_reference(tiny256_dir, tiny256, monkeypat
     cache = gpu.new_cache()
     ids_gpu = ids.cuda()
     got = torch.cat([gpu(ids_gpu[:9], cache)] + [gpu(ids_gpu[i:i + 1], cache) for i in range(9, 12)]).cpu()
-    print(f"max |logit diff| GPU vs CPU reference {(got - want).abs().max().item():.3e}")
+    per_row = " ".join(f"{v:.0e}" for v in (got - want).abs().amax(dim=1).tolist())
+    print(f"max |logit diff| GPU vs CPU reference {(got - want).abs().max().item():.3e}; per row (9 prefill, "
+          f"3 decode) {per_row}; benchmarks/gpu_diagnose.py names the op")
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
     assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -13,7 +13,7 @@ of float experts and dispatch through the registry.
 import pytest
 import torch
 
-from .kernel_compare import assert_close, gen, on_test_device, poison_outputs  # noqa: F401
+from .kernel_compare import assert_close, gen, on_test_device, poison_outputs, to_test_device  # noqa: F401
 
 from deepinfer_plugins import ops  # noqa: E402
 from deepinfer_plugins.ops.backends.triton_kernels import moe  # noqa: E402
@@ -119,12 +119,13 @@ def test_the_registry_runs_the_kernel_when_triton_is_forced(gen, monkeypatch):
 
 def test_the_launch_reads_nothing_on_the_host_and_does_not_grow_with_the_routing(gen):
     """On a GPU a host read waits for the router: the launcher sizes everything from shapes, and the torch work
-    it queues is the same whether 1 token or 40 tokens on a few experts or many are routed."""
-    experts = stacked_experts(gen, 16, 64, 32)
+    it queues is the same whether 1 token or 40 tokens on a few experts or many are routed. The launcher is called
+    directly (the watch sees only its own module's calls), so its inputs are put on the test device here."""
+    experts = to_test_device(stacked_experts(gen, 16, 64, 32))
     counts = []
     for tokens, only in ((1, None), (40, None), (40, 3)):
-        x = torch.randn(tokens, 64, generator=gen)
-        route_weights, ids = routing(gen, tokens, 16, 2, only=only)
+        x = to_test_device(torch.randn(tokens, 64, generator=gen))
+        route_weights, ids = to_test_device(routing(gen, tokens, 16, 2, only=only))
         watch = ModuleCalls(moe)
         with watch:
             moe.moe_experts(x, route_weights, ids, experts, 10.0)
