@@ -408,7 +408,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 100])
     parser.add_argument("--no-sweep", action="store_true",
-                        help="leave out the candidate tilings that only benchmarks/kernels.py --sweep launches")
+                        help="leave out the candidate tilings that only benchmarks/kernels.py --sweep launches "
+                             "(CI's check)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1: the kernels would pick interpreter block sizes; unset it", file=sys.stderr)

@@ -43,7 +43,7 @@ class AttentionConfig:
 # Compiled defaults, from the H200 sweep (benchmarks/results/kernels_h200.md; H=64, D=512, K=640): below ~128 rows
 # 16-head tiles with key splits win (T=1: 9.3 us, T=8: 16.3 us, T=64 unsplit: 61 us); at 384 rows 64-head tiles
 # with 8 warps take 224 us against 370 us. benchmarks/kernels.py --sweep times every candidate on the GPU at hand;
-# each fits the shared memory of sm_90 and sm_100 (tests/ops/triton_aot.py; CI compiles them for sm_90).
+# each fits the shared memory of sm_90 and sm_100 (python -m tests.ops.triton_aot; CI compiles the defaults only).
 DEFAULT_CONFIG = AttentionConfig()
 WIDE_CONFIG = AttentionConfig(head_block=64, key_block=32, num_warps=8, num_stages=2)
 WIDE_FROM_ROWS = 128
