@@ -14,7 +14,7 @@ _EXPORTS = {
     "StaleBudget": "length_policy",
     "cumulative_survival": "length_policy",
     "verify": "verify",
-    "processed_probs": "sampling",
+    "processed_probs": ".models.deepseek_v41.sampling",  # relative to deepinfer_plugins.dspark: its parent
     "DSparkProposal": "proposal",
     "VerifyResult": "proposal",
     "CostTable": "cost_model",

@@ -11,8 +11,8 @@ from scipy.stats import chi2
 
 from deepinfer_plugins.dspark import length_policy as lp
 from deepinfer_plugins.dspark import plan_verify_lengths
-from deepinfer_plugins.dspark.sampling import processed_probs
 from deepinfer_plugins.dspark.verify import sample_inverse_cdf, verify
+from deepinfer_plugins.models.deepseek_v41.sampling import processed_probs
 
 
 def chisquare(observed, expected):
