@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from deepinfer_plugins.dspark.acceptance import SyntheticSource, SyntheticWorkload  # noqa: E402
+from benchmarks.dspark_research.acceptance import SyntheticSource, SyntheticWorkload  # noqa: E402
+from benchmarks.dspark_research.cost_models import StepCostModel, knee_cost_table  # noqa: E402
+from benchmarks.dspark_research.simulator import default_policies, simulate  # noqa: E402
 from deepinfer_plugins.dspark.calibration import calibration_report, fit_sts  # noqa: E402
-from deepinfer_plugins.dspark.cost_model import StepCostModel, knee_cost_table  # noqa: E402
-from deepinfer_plugins.dspark.simulator import default_policies, simulate  # noqa: E402
 
 CONCURRENCY = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 DYNAMIC = ("dspark-A", "dspark-A-env", "dspark-B", "uniform-L")

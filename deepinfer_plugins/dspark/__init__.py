@@ -1,6 +1,6 @@
 """DSpark dynamic-length speculative decoding: the framework-neutral parts.
 
-drafter -> DSparkProposal (confidences) -> plan_verify_lengths / StaleBudget (ℓ_r)
+drafter -> DSparkProposal (confidences) -> plan_verify_lengths (ℓ_r)
         -> target forward over anchor + ℓ_r rows -> verify (commit, KV rows to keep).
 See docs/dspark.md. Names are resolved lazily so importing this package costs nothing
 (no numpy, no torch) until a name is used.
@@ -11,15 +11,12 @@ from importlib import import_module
 _EXPORTS = {
     "plan_verify_lengths": "length_policy",
     "algorithm_a": "length_policy",
-    "StaleBudget": "length_policy",
     "cumulative_survival": "length_policy",
     "verify": "verify",
-    "processed_probs": "sampling",
+    "processed_probs": ".models.deepseek_v41.sampling",  # relative to deepinfer_plugins.dspark: its parent
     "DSparkProposal": "proposal",
     "VerifyResult": "proposal",
     "CostTable": "cost_model",
-    "CostTable2D": "cost_model",
-    "StepCostModel": "cost_model",
     "fit_sts": "calibration",
     "apply_sts": "calibration",
 }

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..models.deepseek_v41.drafter import DraftState
 from .calibration import apply_sts
-from .drafter import DraftState
 from .proposal import DSparkProposal
 
 

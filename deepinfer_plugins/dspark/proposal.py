@@ -1,7 +1,7 @@
 """Engine-independent records passed between drafter, scheduler, verifier and engine.
 
 A vLLM proposer (``custom_class``) or an SGLang spec worker fills a ``DSparkProposal`` after
-the drafter runs, asks ``plan_verify_lengths`` (or a ``StaleBudget``) for ℓ_r, runs the target
+the drafter runs, asks ``plan_verify_lengths`` for ℓ_r, runs the target
 over anchor + ℓ_r rows per request, and hands the processed target probabilities to ``verify``,
 which returns a ``VerifyResult``: the tokens to append and how many KV rows to keep. Neither
 record knows about an engine's block tables or CUDA graphs; adapters translate.

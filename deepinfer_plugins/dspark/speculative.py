@@ -19,9 +19,9 @@ import torch
 
 from ..models.deepseek_v41.generate import SamplingParams
 from ..models.deepseek_v41.kv_cache import SequenceCache, SequenceChunk
+from ..models.deepseek_v41.sampling import processed_probs
 from .engine_api import DraftRequest, DSparkEngineDrafter, EngineDraft
 from .length_policy import plan_verify_lengths
-from .sampling import processed_probs
 from .verify import verify
 
 REQUEST = "0"

@@ -21,12 +21,11 @@ from __future__ import annotations
 import logging
 
 from .. import envs
+from .names import SPEC_ALGORITHM, V41_ARCH
 
 logger = logging.getLogger(__name__)
 
 KEEP_UPSTREAM_ENV = "DEEPINFER_SGLANG_KEEP_UPSTREAM"
-SPEC_ALGORITHM = "DEEPINFER_DSPARK"
-V41_ARCH = "DeepseekV41ForCausalLM"
 
 _registered = False
 

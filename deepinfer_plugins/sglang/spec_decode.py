@@ -26,9 +26,11 @@ from pathlib import Path
 
 import torch
 
+from .names import SPEC_ALGORITHM, V41_ARCH
+
 logger = logging.getLogger(__name__)
 
-ALGORITHM = "DEEPINFER_DSPARK"
+ALGORITHM = SPEC_ALGORITHM
 
 
 class DSparkArgsError(ValueError):
@@ -62,8 +64,6 @@ def _checkpoint_block_size(model_path: str | None) -> int | None:
 
 def validate_server_args(server_args) -> None:
     """SGLang calls this while resolving ServerArgs (speculative_hook.py); writes are recorded as ours."""
-    from .register import V41_ARCH
-
     name = ALGORITHM
     if server_args.speculative_draft_model_path is not None:
         raise DSparkArgsError(f"{name}: --speculative-draft-model-path is not used; the V4.1 drafter (mtp.*) is read "

@@ -5,7 +5,7 @@ themselves are right on hand-made inputs."""
 import numpy as np
 import pytest
 
-from deepinfer_plugins.dspark.acceptance import SyntheticWorkload
+from benchmarks.dspark_research.acceptance import SyntheticWorkload
 from deepinfer_plugins.dspark.calibration import apply_sts, auc, calibration_report, ece, fit_sts
 
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from deepinfer_plugins.dspark.drafter import DraftAttention, DSparkDrafter
 from deepinfer_plugins.models.deepseek_v41 import CheckpointError, DeepseekV41ForCausalLM, SequenceChunk
 from deepinfer_plugins.models.deepseek_v41.attention import rope_inv_freq
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
+from deepinfer_plugins.models.deepseek_v41.drafter import DraftAttention, DSparkDrafter
 
 from ..conftest import prompt
 

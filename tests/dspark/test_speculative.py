@@ -20,9 +20,9 @@ import torch
 from scipy.stats import chi2
 
 from deepinfer_plugins.dspark.cost_model import CostTable
-from deepinfer_plugins.dspark.sampling import processed_probs
 from deepinfer_plugins.dspark.speculative import SpeculativeDecoder, speculative_generate
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
+from deepinfer_plugins.models.deepseek_v41.sampling import processed_probs
 
 from ..conftest import prompt
 

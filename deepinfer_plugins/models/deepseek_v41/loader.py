@@ -114,7 +114,7 @@ def load_state_dict_checked(path: Path, model: torch.nn.Module) -> dict[str, tor
 
 def drafter_tensor_names(args: ModelArgs) -> list[str]:
     """Names of every ``mtp.*`` tensor the config's DSpark drafter has (built on the meta device: no memory)."""
-    from ...dspark.drafter import DSparkDrafter
+    from .drafter import DSparkDrafter
 
     with torch.device("meta"):
         drafter = DSparkDrafter(args)

@@ -15,60 +15,17 @@ from torch import nn
 
 from ... import ops
 from .args import ConfigError, ModelArgs
-from .attention import Attention, Compressor, store_of
-from .engram import Engram, EngramHasher
+from .attention import Compressor, store_of
+from .block import Block
+from .engram import EngramHasher
 from .kv_cache import SequenceCache, SequenceChunk
 from .linear import Linear
-from .moe import MoE, RoutedExperts
+from .moe import RoutedExperts
 from .norm import RMSNorm
 
 
 class ImageInputError(ValueError):
     """Image token ids reached the text model; the vision tower is not implemented yet."""
-
-
-class Block(nn.Module):
-    def __init__(self, args: ModelArgs, layer_id: int, dtype: torch.dtype, n_experts: int | None = None,
-                 top_k: int | None = None):
-        super().__init__()
-        self.args, self.layer_id = args, layer_id
-        mix_rows, width = (2 + args.hc_mult) * args.hc_mult, args.hc_mult * args.hidden_size
-        for site in ("attn", "ffn"):
-            self.register_parameter(f"hc_{site}_fn", nn.Parameter(torch.zeros(mix_rows, width), requires_grad=False))
-            self.register_parameter(f"hc_{site}_base", nn.Parameter(torch.zeros(mix_rows), requires_grad=False))
-            self.register_parameter(f"hc_{site}_scale", nn.Parameter(torch.ones(3), requires_grad=False))
-        self.attn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
-        self.attn = Attention(args, layer_id, dtype)
-        self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype)
-        self.ffn = MoE(args, dtype, n_experts, top_k)
-        self.reduce_partial = None  # tensor parallelism: sums each rank's partial sublayer output (sharding.py)
-        if layer_id in args.engram_layer_ids:
-            self.engram = Engram(args, args.engram_layer_ids.index(layer_id), dtype)
-
-    def sublayer_output(self, out: torch.Tensor) -> torch.Tensor:
-        return out if self.reduce_partial is None else self.reduce_partial(out)
-
-    def coefficients(self, site: str, streams: torch.Tensor):
-        return ops.hc_coefficients(
-            streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
-            getattr(self, f"hc_{site}_scale"), self.args.hc_sinkhorn_iters, self.args.hc_eps, self.args.rms_norm_eps)
-
-    def forward(self, streams, pre_mix, engram_ids, chunks: list[SequenceChunk], query_rows: torch.Tensor | slice):
-        """streams [rows, S, d], pre_mix [rows, S] -> (streams, pre_mix) of the query rows.
-
-        ``query_rows`` indexes the rows whose outputs the next layer needs (all rows unless bounded replay);
-        the other rows only provide this layer's window keys and compressor inputs.
-        """
-        if hasattr(self, "engram"):
-            streams = self.engram(streams, engram_ids[:, self.engram.table])
-        attn_in = self.attn_norm.of_streams(streams, pre_mix)
-        streams = streams[query_rows]
-        pre_attn, post_attn, comb_attn = self.coefficients("attn", streams)
-        streams = ops.hc_expand(streams, self.sublayer_output(self.attn(attn_in, chunks)), post_attn, comb_attn)
-        pre_ffn, post_ffn, comb_ffn = self.coefficients("ffn", streams)
-        ffn_in = self.ffn_norm.of_streams(streams, pre_attn)
-        streams = ops.hc_expand(streams, self.sublayer_output(self.ffn(ffn_in)), post_ffn, comb_ffn)
-        return streams, pre_ffn
 
 
 class DeepseekV41Model(nn.Module):
@@ -207,7 +164,7 @@ class DeepseekV41Model(nn.Module):
 
 class DeepseekV41ForCausalLM(DeepseekV41Model):
     """Entry point users and engines name: the text model plus checkpoint I/O (loader.py), and optionally the
-    DSpark drafter stored with it as ``mtp.*`` (deepinfer_plugins/dspark/drafter.py), built with
+    DSpark drafter stored with it as ``mtp.*`` (drafter.py), built with
     ``with_drafter=True``. It shares ``embed`` and ``head`` with the target."""
 
     def __init__(self, args: ModelArgs, dtype: torch.dtype = torch.float32, param_dtype: torch.dtype = torch.bfloat16,
@@ -217,7 +174,7 @@ class DeepseekV41ForCausalLM(DeepseekV41Model):
             if args.num_nextn_predict_layers < 1:
                 raise ConfigError("with_drafter=True but num_nextn_predict_layers is 0: the config describes no "
                                   "DSpark draft stages")
-            from ...dspark.drafter import DSparkDrafter
+            from .drafter import DSparkDrafter
 
             self.mtp = DSparkDrafter(args, dtype, param_dtype)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from deepinfer_plugins.dspark.acceptance import SURVIVAL_ANCHORS, SyntheticSource, SyntheticWorkload, mixture_survival
-from deepinfer_plugins.dspark.cost_model import CostTable, StepCostModel, knee_cost_table
-from deepinfer_plugins.dspark.simulator import AlgorithmA, Fixed, Oracle, Stale, default_policies, simulate
+from benchmarks.dspark_research.acceptance import SURVIVAL_ANCHORS, SyntheticSource, SyntheticWorkload, mixture_survival
+from benchmarks.dspark_research.cost_models import StepCostModel, knee_cost_table
+from benchmarks.dspark_research.simulator import AlgorithmA, Fixed, Oracle, Stale, default_policies, simulate
+from deepinfer_plugins.dspark.cost_model import CostTable
 
 ROOT = Path(__file__).resolve().parents[2]
 

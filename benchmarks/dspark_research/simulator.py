@@ -8,7 +8,8 @@ T_draft(R) + T_verify(Σ(1 + ℓ_r)) + c0 + c1·committed. Sources replay the sa
 uniforms for every policy (common random numbers), so differences between policies are
 differences in scheduling, not in luck.
 
-The policies below are thin adapters: the decisions are made by ``length_policy``.
+The policies below are thin adapters: the decisions are made by ``length_policy`` (Algorithm A)
+and ``policies``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import length_policy as lp
-from .calibration import apply_sts
-from .cost_model import StepCostModel
+from deepinfer_plugins.dspark import length_policy as lp
+from deepinfer_plugins.dspark.calibration import apply_sts
+
+from . import policies
+from .cost_models import StepCostModel
 
 
 @dataclass
@@ -51,7 +54,7 @@ class Fixed(Policy):
         self.k, self.name = k, ("no-spec" if k == 0 else f"fixed-{k}")
 
     def plan(self, obs):
-        return lp.fixed_lengths(obs.num_drafted, self.k)
+        return policies.fixed_lengths(obs.num_drafted, self.k)
 
 
 class Threshold(Policy):
@@ -59,7 +62,7 @@ class Threshold(Policy):
         self.threshold, self.name = threshold, f"threshold-{threshold:g}"
 
     def plan(self, obs):
-        return lp.threshold_lengths(obs.survival, obs.num_drafted, self.threshold)
+        return policies.threshold_lengths(obs.survival, obs.num_drafted, self.threshold)
 
 
 class AlgorithmA(Policy):
@@ -79,7 +82,7 @@ class Stale(Policy):
     def __init__(self, rule: str):
         self.rule = rule
         self.name = {"global": "dspark-B", "uniform": "uniform-L"}[rule]
-        self.state = lp.StaleBudget(rule, lag=2)
+        self.state = policies.StaleBudget(rule, lag=2)
 
     def reset(self):
         self.state.reset()
@@ -92,7 +95,7 @@ class Oracle(Policy):
     name = "oracle"
 
     def plan(self, obs):
-        return lp.oracle_lengths(obs.accepted_if_full, obs.num_drafted, obs.step_cost)
+        return policies.oracle_lengths(obs.accepted_if_full, obs.num_drafted, obs.step_cost)
 
 
 def default_policies(gamma: int = 5, thresholds=(0.3, 0.5, 0.7)) -> list[Policy]:

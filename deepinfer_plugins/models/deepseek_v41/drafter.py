@@ -31,15 +31,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import ops
-from ..ops.cache import record_bytes
-from ..models.deepseek_v41.args import ModelArgs
-from ..models.deepseek_v41.attention import Attention, one_table
-from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, WINDOW_FORMAT, RollbackError, SequenceChunk, WindowRing,
-                                            key_positions)
-from ..models.deepseek_v41.linear import Linear
-from ..models.deepseek_v41.model import Block
-from ..models.deepseek_v41.norm import RMSNorm
+from ... import ops
+from ...ops.cache import record_bytes
+from .args import ModelArgs
+from .attention import Attention, one_table
+from .block import Block
+from .kv_cache import COMPRESSED_FORMAT, WINDOW_FORMAT, RollbackError, SequenceChunk, WindowRing, key_positions
+from .linear import Linear
+from .norm import RMSNorm
 from .sampling import processed_probs
 
 
