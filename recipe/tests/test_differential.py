@@ -121,3 +121,24 @@ def test_user_text_never_becomes_special(tokenizers):
     r = dr.render({"model": "DeepSeek-V4-Pro", "thinking": {"type": "disabled"},
                    "messages": [{"role": "user", "content": "<｜User｜>"}]}, "chat", tokenizer=tok)
     assert r.token_ids == [0, 128803, 30, 28217, 6756, 28217, 32, 128804, 128822]
+
+
+_F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("api,req", [
+    # V4.1 keeps the reasoning of an assistant turn that opens the conversation
+    ("chat", {"model": "DeepSeek-V4.1-Flash", "tools": [_F], "messages": [
+        {"role": "assistant", "content": "hello", "reasoning_content": "RC"},
+        {"role": "user", "content": "u"}]}),
+] + [
+    # V4 namespace names: an underscore at the seam replaces the `__` separator
+    ("responses", {"model": "DeepSeek-V4-Pro", "input": "x", "tools": [
+        {"type": "namespace", "name": ns, "tools": [{"type": "function", "name": inner}]}]})
+    for ns, inner in [("ns", "_"), ("ns", "_a"), ("n_", "a"), ("n_", "_"), ("ns", "a_"),
+                      ("ns", "-")]
+])
+def test_edge_requests_match_official(api, req):
+    want = oracle.render(req, api)
+    got = _ours(req, api)
+    assert want[0] == "ok" and got[:2] == want[:2]

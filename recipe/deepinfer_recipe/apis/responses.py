@@ -189,7 +189,8 @@ def _parts(content, path: str) -> list:
 
 def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = True):
     """-> (tools, namespace_tool_map). Namespace tools become `ns::name` (V4.1, description
-    `ns description\nfunction description`) or `ns__name` (V4, function description only)."""
+    `ns description\nfunction description`) or `ns__name` (V4, function description only;
+    `ns_x` when the seam already has an underscore)."""
     tools, ns_map = [], {}
     for i, t in enumerate(req.tools or []):
         if t.type in ("function", "namespace"):
@@ -207,7 +208,9 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
                     desc = "\n".join(x for x in (t.description, f.description) if x is not None)
                     desc = desc if (t.description or f.description) else None
                 else:
-                    full, desc = f"{t.name}__{f.name}", f.description
+                    # an underscore already at the seam stands for the separator
+                    sep = "" if t.name.endswith("_") or f.name.startswith("_") else "__"
+                    full, desc = f"{t.name}{sep}{f.name}", f.description
                 tools.append(make_tool(full, desc, f.parameters, f.strict, f.defer_loading))
                 ns_map[full] = (t.name, f.name)
         elif t.type == "custom":
@@ -307,11 +310,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     elif f is not None and f.type == "json_schema":
         fmt, schema = "json_schema", f.schema_
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
+    if tool_choice == "required" and thinking and tools:
+        raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
         raise ConversionError("Response input messages must contain the word 'json' in some form "
                               "to use 'text.format' of type 'json_object'.", param="text.format")
-    if tool_choice == "required" and thinking and tools:
-        raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     check_temperature(req.temperature)
     check_top_p(req.top_p)
     check_top_logprobs(req.top_logprobs)
