@@ -104,10 +104,13 @@ _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]+")
 TOOL_NAME_MAX = 128
 
 
+_name_match = _TOOL_NAME.fullmatch
+
+
 def tool_name_ok(name: str) -> bool:
-    """The cheap yes/no form of `check_tool_name`, for callers that defer the error."""
-    return 0 < len(name) and len(name.encode("utf-8")) <= TOOL_NAME_MAX \
-        and _TOOL_NAME.fullmatch(name) is not None
+    """The cheap yes/no form of `check_tool_name`, for callers that defer the error: a name
+    the pattern accepts is ASCII, so its length in characters is its length in bytes."""
+    return len(name) <= TOOL_NAME_MAX and _name_match(name) is not None
 
 
 def check_tool_name(name: str, path: str) -> None:
