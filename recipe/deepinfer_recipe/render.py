@@ -408,13 +408,13 @@ def _render_v41(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
             w.text("\n\n" + SCHEMA_HEADER + style.dumps(conv.response_schema))
     body = msgs[start:]
     body = _order_v41(body)
-    _render_turns(w, body, thinking, bool(tools), style, v41=True, first_index=start,
+    _render_turns(w, body, thinking, bool(tools), style, v41=True,
                   required=bool(tools) and conv.tool_choice == "required")
     return RenderedPrompt(w.segs, w.spec, w.images)
 
 
 def _render_turns(w: _Writer, body: list, thinking: bool, keep_reasoning: bool, style: _Style,
-                  v41: bool, first_index: int = 0, required: bool = False) -> None:
+                  v41: bool, required: bool = False) -> None:
     st = w.st
     info = _info(st)
     plain_ok = info.plain_ok
@@ -461,7 +461,7 @@ def _render_turns(w: _Writer, body: list, thinking: bool, keep_reasoning: bool, 
             if is_prefix:
                 think_part = thinking
             else:
-                think_part = thinking and keep_reasoning and not (v41 and idx + first_index == 0)
+                think_part = thinking and keep_reasoning
             sa(ASSISTANT)
             pa(True)
             if think_part:

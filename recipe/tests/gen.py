@@ -277,3 +277,171 @@ def messages(r: random.Random) -> dict:
 
 
 GENERATORS = {"chat": chat, "responses": responses, "messages": messages}
+
+
+# ---- boundary and invalid values -------------------------------------------------------
+# Each `boundary` request is an ordinary generated request with one field set at, or just
+# beyond, a limit the official package enforces; the class it exercises is counted in STATS
+# so the suite can show every class was generated.
+
+from collections import Counter  # noqa: E402
+
+STATS: Counter = Counter()
+
+TEMPERATURES = [0, 0.0, -0.0, 2, 2.0, 2.0000001, 2.0000002, 2.0001, -0.1, -1e-46, 3, 1e39]
+TOP_PS = [1, 1.0, 0, 0.0, 1e-9, 1e-45, 1e-46, 1.0000001, 1.0001, -0.5]
+TOP_LOGPROBS = [0, 1, 20, 21, 255, -1]
+PENALTIES = [-2, 2, -2.0, 2.0, 2.0000001, 2.0000002, 2.0001, -2.0001, -3.5, 0.5]
+SEEDS = [0, 1, -1, 2 ** 63 - 1, 2 ** 63]
+BAD_NAMES = ["a.b", "a b", "a/b", "é", "ns::f", "", "tab\t", "x" * 129, "é" * 64, "ünï"]
+OK_NAMES = ["x" * 64, "x" * 65, "x" * 128, "A-z_0-9", "-", "_"]
+
+
+def _name(r: random.Random) -> str:
+    return r.choice(BAD_NAMES) if r.random() < 0.7 else r.choice(OK_NAMES)
+
+
+def _chat_tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+def _sampling(r: random.Random, req: dict, api: str) -> str:
+    """Set one sampling field; the fields an API lacks are sent anyway (it must ignore them)."""
+    k = r.choice(["temperature", "temperature", "top_p", "top_p", "top_logprobs",
+                  "frequency_penalty", "presence_penalty", "seed", "stream_options"])
+    if k == "temperature":
+        req[k] = r.choice(TEMPERATURES)
+    elif k == "top_p":
+        req[k] = r.choice(TOP_PS)
+    elif k == "top_logprobs":
+        req[k] = r.choice(TOP_LOGPROBS)
+        if api == "chat" and r.random() < 0.85:
+            req["logprobs"] = True
+    elif k in ("frequency_penalty", "presence_penalty"):
+        req[k] = r.choice(PENALTIES)
+    elif k == "seed":
+        req[k] = r.choice(SEEDS)
+    else:
+        req[k] = r.choice([{"include_usage": True}, {"include_usage": False}, {}])
+        s = r.choice([None, False, True])
+        if s is not None:
+            req["stream"] = s
+    return k
+
+
+def _chat_boundary(r: random.Random, req: dict) -> str:
+    kind = r.choice(["sampling", "sampling", "tool_name", "duplicate_tool", "assistant_empty",
+                     "stop_empty"])
+    if kind == "sampling":
+        return _sampling(r, req, "chat")
+    if kind == "tool_name":
+        tools = req.setdefault("tools", [_chat_tool("tool_0")])
+        f = tools[r.randrange(len(tools))]["function"]
+        tc = req.get("tool_choice")
+        new = _name(r)
+        if isinstance(tc, dict) and tc["function"]["name"] == f["name"]:
+            tc["function"]["name"] = new
+        f["name"] = new
+    elif kind == "duplicate_tool":
+        tools = req.setdefault("tools", [_chat_tool("tool_0")])
+        tools.insert(r.randint(0, len(tools)), dict(r.choice(tools)))
+    elif kind == "assistant_empty":
+        m = r.choice([{"role": "assistant"}, {"role": "assistant", "content": None},
+                      {"role": "assistant", "content": None, "reasoning_content": "r"},
+                      {"role": "assistant", "content": None, "tool_calls": []},
+                      {"role": "assistant", "content": "", "tool_calls": []},
+                      {"role": "assistant", "content": ""}, {"role": "assistant", "content": []}])
+        msgs = req["messages"]
+        if msgs[-1]["role"] == "assistant" and r.random() < 0.5:
+            msgs[-1].pop("content")  # a prefix continuation with nothing to continue
+        else:
+            msgs.insert(r.randint(0, len(msgs) - 1), m)
+    else:
+        req["stop"] = r.choice(["", [""], ["", "END"], ["END", ""], "END", []])
+    return kind
+
+
+def _responses_boundary(r: random.Random, req: dict) -> str:
+    kind = r.choice(["sampling", "sampling", "tool_name", "duplicate_tool", "refusal_part"])
+    if kind == "sampling":
+        return _sampling(r, req, "responses")
+    tools = req.setdefault("tools", [{"type": "function", "name": "tool_0"}])
+    fns = [t for t in tools if t["type"] == "function"] or tools
+    if kind == "tool_name":
+        where = r.random()
+        if where < 0.6:
+            _rename(req, r.choice(fns), _name(r))
+        else:
+            ns = {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f"}]}
+            if where < 0.8:
+                ns["name"] = _name(r)
+            else:
+                ns["tools"][0]["name"] = _name(r)
+            tools.insert(r.randint(0, len(tools)), ns)
+    elif kind == "duplicate_tool":
+        where = r.random()
+        if where < 0.5:
+            tools.insert(r.randint(0, len(tools)), dict(r.choice(fns)))
+        elif where < 0.7:
+            tools += [{"type": "function", "name": "apply_patch"}, {"type": "custom", "name": "apply_patch"}]
+        elif where < 0.85:
+            tools.append({"type": "namespace", "name": "ns",
+                          "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]})
+        else:  # not duplicates: a namespace is its own name space
+            tools += [{"type": "function", "name": "ns"},
+                      {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "ns"}]}]
+    else:
+        if isinstance(req["input"], str):
+            req["input"] = [{"role": "user", "content": req["input"]}]
+        items = req["input"]
+        part = {"type": "refusal", "refusal": "I can't help with that."}
+        where = r.random()
+        if where < 0.5:
+            items.insert(r.randint(0, len(items)), {"type": "message", "role": "assistant",
+                                                    "content": [part]})
+        elif where < 0.75:
+            items.insert(r.randint(0, len(items)), {"type": "message", "role": "user",
+                                                    "content": [{"type": "input_text", "text": "a"}, part]})
+        else:
+            items += [{"type": "function_call", "call_id": "rf", "name": "tool_0", "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "rf", "output": [part]},
+                      {"role": "user", "content": "go on"}]
+    return kind
+
+
+def _rename(req: dict, tool: dict, new: str) -> None:
+    """Rename a tool and a tool_choice that names it, so only the name itself is in question."""
+    tc = req.get("tool_choice")
+    if isinstance(tc, dict) and tc.get("name") == tool["name"]:
+        tc["name"] = new
+    tool["name"] = new
+
+
+def _messages_boundary(r: random.Random, req: dict) -> str:
+    kind = r.choice(["sampling", "sampling", "tool_name", "duplicate_tool", "stop_empty"])
+    if kind == "sampling":
+        k = r.choice(["temperature", "top_p"])
+        req[k] = r.choice(TEMPERATURES if k == "temperature" else TOP_PS)
+        return k
+    tools = req.setdefault("tools", [{"name": "tool_0", "input_schema": {"type": "object"}}])
+    if kind == "tool_name":
+        _rename(req, r.choice(tools), _name(r))
+    elif kind == "duplicate_tool":
+        tools.insert(r.randint(0, len(tools)), dict(r.choice(tools)))
+    else:
+        req["stop_sequences"] = r.choice([[""], ["", "END"], ["END", ""], ["END"], []])
+    return kind
+
+
+_BOUNDARY = {"chat": _chat_boundary, "responses": _responses_boundary,
+             "messages": _messages_boundary}
+
+
+def boundary(api: str, r: random.Random, count: bool = True) -> tuple:
+    """-> (class name, request): a generated request with one boundary value set. Counted in
+    STATS unless `count` is false, so a recount does not double the summary."""
+    req = GENERATORS[api](r)
+    kind = _BOUNDARY[api](r, req)
+    if count:
+        STATS[(api, kind)] += 1
+    return kind, req

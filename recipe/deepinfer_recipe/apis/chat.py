@@ -11,7 +11,10 @@ from ..conversation import (Conversation, ImageSource, Message, ToolCall, ToolDe
 from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import Model, _TAGS, check_json_word, check_strict, make_tool, output_constraint, validate
+from .common import (Model, _TAGS, check_json_word, check_penalty, check_seed, check_stop,
+                     check_strict, check_temperature, check_tool_name, check_top_logprobs,
+                     check_top_p, check_unique, make_tool, output_constraint, tool_name_ok,
+                     validate)
 
 _TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url",
               "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"})
@@ -140,6 +143,8 @@ class ChatCompletionRequest(Model):
     max_completion_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = None
     seed: Optional[int] = None
@@ -176,24 +181,18 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     req: ChatCompletionRequest = body if isinstance(body, ChatCompletionRequest) else \
         validate(ChatCompletionRequest, body)
     version = resolve_model(req.model, opts)
+    for i, t in enumerate(req.tools or ()):
+        check_tool_name(t.function.name, f"tools[{i}].function.name")
     if not req.messages:
         raise ConversionError("Empty input messages", param="messages")
-    if req.n is not None and req.n > 1:
-        raise ConversionError("Invalid n value (currently only n = 1 is supported)", param="n")
     thinking, effort = resolve_thinking(req.thinking.type if req.thinking else None,
                                         req.reasoning_effort, opts)
     max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
-    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
-    if max_tokens is not None and not (1 <= max_tokens <= bound):
-        raise ConversionError(f"Invalid max_tokens value, the valid range of max_tokens is [1, {bound}]",
-                              param="max_tokens")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise ConversionError("Invalid top_logprobs and logprobs value, logprobs must be set to true "
-                              "if top_logprobs is used.", param="top_logprobs")
 
     tools = [make_tool(t.function.name, t.function.description, t.function.parameters,
                        t.function.strict, t.defer_loading) for t in (req.tools or [])]
     check_strict(tools)
+    tool_names = [t.name for t in tools]
     tc = req.tool_choice
     tool_choice = "auto"
     if isinstance(tc, str):
@@ -208,21 +207,32 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     msgs = []
     src = req.messages
     n = len(src)
-    for i, m in enumerate(src):
-        if m.role == "assistant" and m.prefix and i != n - 1:
-            raise ConversionError("Invalid completion message: prefix set true with message which is "
-                                  "not final message or message role is not assistant",
-                                  param=f"messages[{i}].prefix")
-    open_ids = None
+    # one pass in message order, as the official package reports the first problem it meets
+    open_ids = need = None
+    caller = 0
     for i, m in enumerate(src):
         if m.role == "tool":
             if open_ids is None or m.tool_call_id not in open_ids:
                 raise ConversionError("Messages with role 'tool' must be a response to a preceding "
                                       "message with 'tool_calls'", param=f"messages[{i}]")
-        elif m.role == "assistant" and m.tool_calls:
-            open_ids = {c.id for c in m.tool_calls}
-        else:
-            open_ids = None
+            need.discard(m.tool_call_id)
+            continue
+        if need:
+            raise _insufficient(caller)
+        open_ids = need = None
+        if m.role == "assistant":
+            _check_assistant_shape(m.content, m.tool_calls, i)
+            if m.tool_calls:
+                open_ids = {c.id for c in m.tool_calls}
+                need = set(open_ids)
+                caller = i
+    if need:
+        raise _insufficient(caller)
+    for i, m in enumerate(src):
+        if m.role == "assistant" and m.prefix and i != n - 1:
+            raise ConversionError("Invalid completion message: prefix set true with message which is "
+                                  "not final message or message role is not assistant",
+                                  param=f"messages[{i}].prefix")
     for i, m in enumerate(src):
         role = m.role
         path = f"messages[{i}].content"
@@ -237,17 +247,6 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             calls = None
             if m.tool_calls:
                 calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
-                ids = {c.id for c in calls}
-                j = i + 1
-                seen = set()
-                while j < n and src[j].role == "tool":
-                    seen.add(src[j].tool_call_id)
-                    j += 1
-                if not ids <= seen:
-                    raise ConversionError(
-                        "An assistant message with 'tool_calls' must be followed by tool messages "
-                        "responding to each 'tool_call_id'. (insufficient tool messages following "
-                        "tool_calls message)", param=f"messages[{i}].tool_calls")
             msgs.append(Message("assistant", _parts(m.content, path), m.reasoning_content, calls,
                                 prefix=m.prefix and i == n - 1))
         elif role == "tool":
@@ -263,19 +262,44 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         fmt = "json_schema"
         schema = rf.json_schema.schema_ if rf.json_schema else None
     last_prefix = src[-1].role == "assistant" and src[-1].prefix
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    return _finish(req.model, version, msgs, thinking, tools, tool_choice, effort, fmt, schema,
-                   last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
-                   req.top_logprobs, req.seed, stop, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), opts)
+    so = req.stream_options
+    return _finish(req.model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt,
+                   schema, last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
+                   req.top_logprobs, req.seed, req.stop, req.stream, so is not None,
+                   bool(so and so.include_usage), req.n, req.frequency_penalty,
+                   req.presence_penalty, opts)
 
 
-def _finish(model, version, msgs, thinking, tools, tool_choice, effort, fmt, schema, last_prefix,
-            max_tokens, temperature, top_p, logprobs, top_logprobs, seed, stop, stream,
-            include_usage, opts) -> ConvertedRequest:
-    """The checks and results that follow building the messages (both conversion paths)."""
+def _insufficient(i: int) -> ConversionError:
+    return ConversionError(
+        "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+        "each 'tool_call_id'. (insufficient tool messages following tool_calls message)",
+        param=f"messages[{i}].tool_calls")
+
+
+def _check_assistant_shape(content, tool_calls, i: int) -> None:
+    """An assistant turn with nothing in it has no rendering the official package accepts; an
+    empty content string or list is still content, an empty tool_calls list is not."""
+    if tool_calls is not None and not tool_calls:
+        raise ConversionError(f"Invalid 'messages[{i}].tool_calls': empty array. Expected an array "
+                              "with minimum length 1, but got an empty array instead.",
+                              param=f"messages[{i}].tool_calls")
+    if content is None and not tool_calls:
+        raise ConversionError("Invalid assistant message: content or tool_calls must be set",
+                              param=f"messages[{i}]")
+
+
+def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt, schema,
+            last_prefix, max_tokens, temperature, top_p, logprobs, top_logprobs, seed, stop,
+            stream, has_stream_options, include_usage, n, frequency_penalty, presence_penalty,
+            opts) -> ConvertedRequest:
+    """The checks and results that follow building the messages. Both conversion paths end
+    here, so every rule below holds for both; the order of the checks is the official
+    package's, which decides the error a request with several problems gets."""
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
+    if tool_choice != "none":
+        check_unique(tool_names)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if last_prefix:
@@ -285,6 +309,26 @@ def _finish(model, version, msgs, thinking, tools, tool_choice, effort, fmt, sch
         if tools:
             raise ConversionError("Function call should not be used with prefix", param="tools")
     _check_reasoning(conv, opts)
+    check_stop(stop)
+    if has_stream_options and not stream:
+        raise ConversionError("stream_options should be set along with stream = true",
+                              param="stream_options")
+    if n is not None and n > 1:
+        raise ConversionError("Invalid n value (currently only n = 1 is supported)", param="n")
+    check_penalty("presence_penalty", presence_penalty)
+    check_penalty("frequency_penalty", frequency_penalty)
+    check_temperature(temperature)
+    check_top_p(top_p)
+    if top_logprobs is not None and not logprobs:
+        raise ConversionError("Invalid top_logprobs and logprobs value, logprobs must be set to true "
+                              "if top_logprobs is used.", param="top_logprobs")
+    check_top_logprobs(top_logprobs)
+    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
+    if max_tokens is not None and not (1 <= max_tokens <= bound):
+        raise ConversionError(f"Invalid max_tokens value, the valid range of max_tokens is [1, {bound}]",
+                              param="max_tokens")
+    check_seed(seed)
+    stop = [stop] if stop.__class__ is str else list(stop or ())
 
     rendered_tools = bool(tools) and tool_choice != "none"
     temperature, top_p = sampling(version, thinking, rendered_tools, temperature, top_p)
@@ -297,7 +341,7 @@ def _finish(model, version, msgs, thinking, tools, tool_choice, effort, fmt, sch
 
 _OPT_INT = ("n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed")
 _OPT_BOOL = ("logprobs", "stream")
-_OPT_FLOAT = ("temperature", "top_p")
+_OPT_FLOAT = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
 _THINKING_TYPES = frozenset(("enabled", "disabled", "adaptive"))
 _EFFORTS = frozenset(("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"))
 _TOOL_CHOICES = frozenset(("none", "auto", "required"))
@@ -349,16 +393,11 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
     if g("response_format") is not None:
         return None
     stop = g("stop")
-    if stop is None:
-        stop = []
-    elif stop.__class__ is str:
-        stop = [stop]
-    elif stop.__class__ is list:
+    if stop.__class__ is list:
         for x in stop:
             if x.__class__ is not str:
                 return None
-        stop = list(stop)
-    else:
+    elif stop is not None and stop.__class__ is not str:
         return None
     include_usage = False
     so = g("stream_options")
@@ -402,7 +441,8 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
             params = f.get("parameters")
             strict = f.get("strict")
             if name.__class__ is not str or (desc is not None and desc.__class__ is not str) \
-                    or (strict is not None and strict.__class__ is not bool):
+                    or (strict is not None and strict.__class__ is not bool) \
+                    or not tool_name_ok(name):
                 return None
             if params is not None:
                 if params.__class__ is not dict:
@@ -420,20 +460,10 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
     version = opts.model_versions_by_name.get(model)
     if version is None:
         return None
-    n = g("n")
-    if n is not None and n > 1:
-        return None
     thinking, effort = resolve_thinking(th, effort, opts)
     max_tokens = g("max_tokens")
     if max_tokens is None:
         max_tokens = g("max_completion_tokens")
-    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
-    if max_tokens is not None and not (1 <= max_tokens <= bound):
-        return None
-    logprobs = g("logprobs")
-    top_logprobs = g("top_logprobs")
-    if top_logprobs is not None and not logprobs:
-        return None
 
     msgs = []
     last = len(src) - 1
@@ -475,6 +505,8 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
             raw_calls = m.get("tool_calls")
             calls = None
             open_ids = need = None
+            if not raw_calls and (raw_calls is not None or content is None):
+                return None  # no calls and no content, or an empty call list
             if raw_calls is not None:
                 if raw_calls.__class__ is not list:
                     return None
@@ -508,9 +540,10 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
         msgs.append(Message(role, parts))
     if need:
         return None
-    return _finish(model, version, msgs, thinking, tools, tool_choice, effort, "text", None,
-                   last_prefix, max_tokens, g("temperature"), g("top_p"), logprobs, top_logprobs,
-                   g("seed"), stop, g("stream"), include_usage, opts)
+    return _finish(model, version, msgs, thinking, tools, [t.name for t in tools], tool_choice,
+                   effort, "text", None, last_prefix, max_tokens, g("temperature"), g("top_p"),
+                   g("logprobs"), g("top_logprobs"), g("seed"), stop, g("stream"), so is not None,
+                   include_usage, g("n"), g("frequency_penalty"), g("presence_penalty"), opts)
 
 
 def _check_reasoning(conv: Conversation, opts: ConversionOptions) -> None:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import math
+import re
+import struct
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -95,3 +98,96 @@ def check_strict(tools: list, where: str = "tools") -> list:
 def make_tool(name, description, parameters, strict=None, defer_loading=False) -> ToolDefinition:
     return ToolDefinition(name=name, description=description, parameters=parameters,
                           strict=strict, defer_loading=bool(defer_loading))
+
+
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]+")
+TOOL_NAME_MAX = 128
+
+
+_name_match = _TOOL_NAME.fullmatch
+
+
+def tool_name_ok(name: str) -> bool:
+    """The cheap yes/no form of `check_tool_name`, for callers that defer the error: a name
+    the pattern accepts is ASCII, so its length in characters is its length in bytes."""
+    return len(name) <= TOOL_NAME_MAX and _name_match(name) is not None
+
+
+def check_tool_name(name: str, path: str) -> None:
+    """Tool names become identifiers in the rendered tool schema and in parsed calls, so the
+    official package refuses anything a client SDK could not round-trip. Its length limit
+    counts UTF-8 bytes, and it reports length before pattern."""
+    if not name:
+        raise ConversionError(f"Invalid '{path}': empty string. Expected a string with minimum "
+                              "length 1, but got an empty string instead.", param=path)
+    n = len(name.encode("utf-8"))
+    if n > TOOL_NAME_MAX:
+        raise ConversionError(f"Invalid '{path}': string too long. Expected a string with maximum "
+                              f"length {TOOL_NAME_MAX}, but got a string with length {n} instead.",
+                              param=path)
+    if _TOOL_NAME.fullmatch(name) is None:
+        raise ConversionError(f"Invalid '{path}': string does not match pattern. Expected a string "
+                              "that matches the pattern '^[a-zA-Z0-9_-]+$'.", param=path)
+
+
+def check_unique(names, message: str = "Tool names must be unique.") -> None:
+    """A duplicate name makes a parsed call ambiguous about which definition it targets; with
+    `tool_choice: none` no call can be parsed, and the official package lets it pass."""
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise ConversionError(message, param="tools")
+        seen.add(n)
+
+
+def check_stop(stop, field: str = "stop") -> None:
+    """An empty stop string would end every completion at its first character."""
+    if stop.__class__ is str:
+        if not stop:
+            raise ConversionError(f"Invalid '{field}': empty string. Expected a string with "
+                                  "minimum length 1, but got an empty string instead.", param=field)
+        return
+    for i, s in enumerate(stop or ()):
+        if not s:
+            raise ConversionError(f"Invalid '{field}[{i}]': empty string. Expected a string with "
+                                  "minimum length 1, but got an empty string instead.",
+                                  param=f"{field}[{i}]")
+
+
+def f32(x: float) -> float:
+    """The official package holds sampling values as f32, so range checks must compare the
+    rounded value: 2.0000001 passes as 2.0 while 1e-46 becomes 0 and fails top_p."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _range_error(field: str, shown: str) -> ConversionError:
+    return ConversionError(f"Invalid {field} value, the valid range of {field} is {shown}",
+                           param=field)
+
+
+def check_penalty(field: str, v) -> None:
+    if v is not None and not (-2.0 <= f32(v) <= 2.0):
+        raise _range_error(field, "[-2, 2]")
+
+
+def check_temperature(v) -> None:
+    if v is not None and not (0.0 <= f32(v) <= 2.0):
+        raise _range_error("temperature", "[0, 2]")
+
+
+def check_top_p(v) -> None:
+    if v is not None and not (0.0 < f32(v) <= 1.0):
+        raise _range_error("top_p", "(0, 1.0]")
+
+
+def check_top_logprobs(v) -> None:
+    if v is not None and not (0 <= v <= 20):
+        raise _range_error("top_logprobs", "[0, 20].")
+
+
+def check_seed(v) -> None:
+    if v is not None and not (0 <= v < 1 << 63):
+        raise _range_error("seed", "[0, 2^63)")

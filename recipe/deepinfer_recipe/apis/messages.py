@@ -12,7 +12,8 @@ from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import Model, _TAGS, check_strict, make_tool, output_constraint, validate
+from .common import (Model, _TAGS, check_stop, check_strict, check_temperature, check_tool_name,
+                     check_top_p, check_unique, make_tool, output_constraint, validate)
 
 _TAGS.update({"text", "image", "thinking", "tool_use", "tool_result", "base64", "url", "any",
               "auto", "none", "tool", "server_tool_use", "web_search_tool_result", "document",
@@ -138,8 +139,10 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             if opts.messages_web_search == "reject" or not t.type.startswith("web_search"):
                 raise ConversionError(f"tools[{i}]: server tools are not supported", param=f"tools[{i}]")
             continue
+        check_tool_name(t.name, f"tools[{i}].name")
         tools.append(make_tool(t.name, t.description, t.input_schema, t.strict, t.defer_loading))
     check_strict(tools)
+    tool_names = [t.name for t in tools]
     tool_choice = "auto"
     tc = req.tool_choice
     if tc is not None:
@@ -202,9 +205,15 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 msgs.append(Message("user", join_parts(chunks)))
     if not req.messages:
         raise ConversionError("Empty input messages", param="messages")
+    if tool_choice != "none":
+        check_unique(tool_names)
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, "text", None)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
+    # the official package names the field `stop` in this message, as in the other APIs
+    check_stop(req.stop_sequences, "stop")
+    check_temperature(req.temperature)
+    check_top_p(req.top_p)
     rendered_tools = bool(tools) and tool_choice != "none"
     temperature, top_p = sampling(version, thinking, rendered_tools, req.temperature, req.top_p)
     inf = InferenceOptions(max_tokens, temperature, top_p, False, None, None, output_constraint(conv))

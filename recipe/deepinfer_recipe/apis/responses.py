@@ -13,12 +13,14 @@ from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import Model, _TAGS, check_strict, make_tool, output_constraint, validate
+from .common import (Model, _TAGS, check_strict, check_temperature, check_tool_name,
+                     check_top_logprobs, check_top_p, check_unique, make_tool, output_constraint,
+                     validate)
 
 _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "input_text",
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
               "custom", "web_search", "web_search_preview", "custom_tool_call",
-              "custom_tool_call_output", "refusal", "developer"})
+              "custom_tool_call_output", "developer"})
 
 with open(os.path.join(os.path.dirname(__file__), "..", "data", "apply_patch_tool.json"),
           encoding="utf-8") as _f:
@@ -30,18 +32,14 @@ class InputText(Model):
     text: str
 
 
-class Refusal(Model):
-    type: Literal["refusal"]
-    refusal: str
-
-
 class InputImage(Model):
     type: Literal["input_image"]
     image_url: Optional[str] = None
     detail: Literal["low", "high", "original", "auto"] = "high"
 
 
-Part = Annotated[Union[InputText, InputImage, Refusal], Field(discriminator="type")]
+# no `refusal` part: the official package refuses it as input, having no way to render it
+Part = Annotated[Union[InputText, InputImage], Field(discriminator="type")]
 
 
 class MessageItem(Model):
@@ -184,8 +182,6 @@ def _parts(content, path: str) -> list:
             url = p.image_url or ""
             chunks.append([ImageSource("data_url" if url.startswith("data:") else "url", url,
                                        p.detail, f"{path}[{i}]")])
-        elif p.type == "refusal":
-            chunks.append([p.refusal])
         else:
             chunks.append([p.text])
     return join_parts(chunks)
@@ -193,9 +189,16 @@ def _parts(content, path: str) -> list:
 
 def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = True):
     """-> (tools, namespace_tool_map). Namespace tools become `ns::name` (V4.1, description
-    `ns description\nfunction description`) or `ns__name` (V4, function description only)."""
+    `ns description\nfunction description`) or `ns__name` (V4, function description only;
+    `ns_x` when the seam already has an underscore)."""
     tools, ns_map = [], {}
     for i, t in enumerate(req.tools or []):
+        if t.type in ("function", "namespace"):
+            check_tool_name(t.name, f"tools[{i}].name")
+        if t.type == "namespace":
+            for j, f in enumerate(t.tools):
+                check_tool_name(f.name, f"tools[{i}].tools[{j}].name")
+            check_unique((f.name for f in t.tools), "Tool names within a namespace must be unique.")
         if t.type == "function":
             tools.append(make_tool(t.name, t.description, t.parameters, t.strict, t.defer_loading))
         elif t.type == "namespace":
@@ -205,7 +208,9 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
                     desc = "\n".join(x for x in (t.description, f.description) if x is not None)
                     desc = desc if (t.description or f.description) else None
                 else:
-                    full, desc = f"{t.name}__{f.name}", f.description
+                    # an underscore already at the seam stands for the separator
+                    sep = "" if t.name.endswith("_") or f.name.startswith("_") else "__"
+                    full, desc = f"{t.name}{sep}{f.name}", f.description
                 tools.append(make_tool(full, desc, f.parameters, f.strict, f.defer_loading))
                 ns_map[full] = (t.name, f.name)
         elif t.type == "custom":
@@ -294,6 +299,9 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 if c.id not in outs:
                     raise ConversionError(f"No tool output found for tool call {c.id}.",
                                           param="input")
+    if tool_choice != "none":
+        # a namespace is its own name space: its functions are rendered qualified
+        check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
 
     fmt, schema = "text", None
     f = req.text.format if req.text else None
@@ -302,11 +310,14 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     elif f is not None and f.type == "json_schema":
         fmt, schema = "json_schema", f.schema_
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
+    if tool_choice == "required" and thinking and tools:
+        raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
         raise ConversionError("Response input messages must contain the word 'json' in some form "
                               "to use 'text.format' of type 'json_object'.", param="text.format")
-    if tool_choice == "required" and thinking and tools:
-        raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
+    check_temperature(req.temperature)
+    check_top_p(req.top_p)
+    check_top_logprobs(req.top_logprobs)
     rendered_tools = bool(tools) and tool_choice != "none"
     temperature, top_p = sampling(version, thinking, rendered_tools, req.temperature, req.top_p)
     inf = InferenceOptions(max_tokens, temperature, top_p, False, req.top_logprobs, None,
