@@ -97,7 +97,9 @@ engine_venvs() {  # one after another: each install of deepinfer rewrites build/
 
 stage "installing deepinfer, deepinfer-recipe and test dependencies"
 mkdir -p build/install-logs
-python3 -m pip install "torch==2.13.0" -e ".[dev]" -e "./recipe[test]" >build/install-logs/system.log 2>&1 ||
+# The recipe is named without extras too: pip 23.2's resolver does not count "./recipe[test]" as the
+# deepinfer-recipe that deepinfer requires, and finds no such release on the index.
+python3 -m pip install "torch==2.13.0" -e ".[dev]" -e ./recipe -e "./recipe[test]" >build/install-logs/system.log 2>&1 ||
   { tail -n 30 build/install-logs/system.log; exit 1; }
 tests/oracle/setup_oracle_venv.sh >build/install-logs/oracle.log 2>&1 || { tail -n 30 build/install-logs/oracle.log; exit 1; }
 

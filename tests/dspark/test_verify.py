@@ -2,7 +2,8 @@
 zero-length rows, residual fallback, KV rows to keep, greedy = argmax decoding) and
 distribution tests: with exact toy target/draft distributions, ≥1e5 sequences drafted,
 scheduled (Algorithm A, Algorithm B) and verified, the committed tokens at positions 1..3 follow
-the processed target (chi-square p > 0.01); the look-ahead scheduler of Appendix A does not."""
+the processed target (chi-square p > 0.01), with ties at its top-k and top-p boundaries; the
+look-ahead scheduler of Appendix A does not."""
 
 import numpy as np
 import pytest
@@ -117,27 +118,29 @@ def test_bad_inputs():
         verify(torch.zeros(1, 2, dtype=torch.long), torch.tensor([1]), p, torch.full((1, 2, 5), 0.2))
 
 
-def test_processed_probs_top_k_top_p():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    assert torch.allclose(processed_probs(logits, top_k=2), torch.tensor([[0.625, 0.375, 0, 0]]))
-    assert torch.allclose(processed_probs(logits, top_p=0.8), torch.tensor([[0.625, 0.375, 0, 0]]))
-    assert torch.allclose(processed_probs(logits, top_p=0.81), torch.tensor([[0.5, 0.3, 0.15, 0]]) / 0.95)
-    assert processed_probs(logits, temperature=0.0).tolist() == [[1.0, 0, 0, 0]]
-    with pytest.raises(ValueError):
-        processed_probs(logits, top_p=0.0)
-
-
 # --------------------------------------------------------------------------- distribution tests
 
 V, GAMMA, N_SEQ, GROUP = 5, 3, 100_000, 8
 
 
+# Target rows with ties on the boundaries, as probabilities after T = 0.9 (logits = 0.9 log p):
+# after 0, ids 0, 2 and 4 tie at the 4th value, so top-k 4 keeps 0 and 2 and drops 4;
+# after 1, top-k drops id 4, then ids 0 and 3 tie where the mass crosses top-p 0.95
+# (0.921 before the first, 0.956 before the second), so top-p keeps 1 and 0 and drops 3 (and 2).
+TIED_ROWS = {0: ([0.1, 0.4, 0.1, 0.3, 0.1], [0, 1, 2, 3]),
+             1: ([0.035, 0.92, 0.01, 0.035, 0.001], [0, 1])}
+
+
 def toy_models(seed):
-    """Exact bigram target (processed: T = 0.9, top-k 4, top-p 0.95) and a worse, position-
-    dependent bigram drafter q_k(· | x_{k-1})."""
+    """Exact bigram target (processed: T = 0.9, top-k 4, top-p 0.95; the rows after 0 and 1 tie on
+    the boundaries) and a worse, position-dependent bigram drafter q_k(· | x_{k-1})."""
     g = torch.Generator().manual_seed(seed)
     target_logits = torch.randn(V, V, generator=g, dtype=torch.float64) * 1.5
+    for row, (probs, _) in TIED_ROWS.items():
+        target_logits[row] = 0.9 * torch.tensor(probs, dtype=torch.float64).log()
     p = processed_probs(target_logits, temperature=0.9, top_k=4, top_p=0.95)  # [prev, V]
+    for row, (_, support) in TIED_ROWS.items():
+        assert p[row].nonzero().flatten().tolist() == support, (row, p[row])
     q = torch.stack([torch.softmax(target_logits * 0.9 + torch.randn(V, V, generator=g, dtype=torch.float64)
                                    * (0.3 + 0.4 * k), -1) for k in range(GAMMA)])  # [k, prev, V]
     return p, q

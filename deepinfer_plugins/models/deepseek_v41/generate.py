@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .model import DeepseekV41Model
+from .sampling import sample
 
 
 @dataclass
@@ -33,28 +34,6 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
 
-def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k and top-p applied to logits [..., vocab] -> probabilities (the sampled distribution)."""
-    logits = logits.float() / params.temperature
-    if params.top_k:
-        kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    if params.top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    if params.temperature == 0:
-        return int(logits.argmax())
-    return int(torch.multinomial(processed_probs(logits, params), 1, generator=generator))
-
-
 @torch.inference_mode()
 def generate(model: DeepseekV41Model, prompt_ids: list[int], params: SamplingParams | None = None,
              prefill_chunk: int = 2048) -> list[int]:
@@ -70,7 +49,7 @@ def generate(model: DeepseekV41Model, prompt_ids: list[int], params: SamplingPar
         logits = model(prompt[start: start + prefill_chunk], cache, bounded_replay=True)
     out: list[int] = []
     for _ in range(params.max_new_tokens):
-        token = sample(logits[-1], params, generator)
+        token = sample(logits[-1], params.temperature, params.top_k, params.top_p, generator)
         out.append(token)
         if token in params.stop_token_ids:
             break
