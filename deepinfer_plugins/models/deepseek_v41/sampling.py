@@ -1,10 +1,9 @@
-"""Processed next-token distributions: temperature, top-k and top-p applied per row.
+"""The one definition of the sampled next-token distribution: temperature, top-k and top-p.
 
-Speculative sampling is lossless with respect to whatever distribution ``verify`` is given,
-so it must be given the distribution the user asked for: the target's temperature-, top-k-
-and top-p-processed probabilities (and the drafter's q must be exactly the distribution its
-tokens were drawn from). Temperature 0 becomes a one-hot on the argmax, which turns the
-ratio test into the greedy exact-match rule (see ``verify``).
+Plain decoding (``generate``), the speculative loop, the drafter's q and the engine adapters' verify calls all
+take it from here. Speculative sampling is lossless with respect to whatever distribution ``verify`` is given, so
+"speculative output has the target's distribution" only means something if every caller processes logits the
+same way, boundary ties included.
 """
 
 from __future__ import annotations
@@ -22,12 +21,14 @@ def _per_row(value, rows: int, name: str, dtype, device) -> torch.Tensor:
 
 
 def processed_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
-    """Probabilities after temperature, top-k and top-p, row by row.
+    """Top-k keeps exactly k tokens and top-p the shortest prefix whose mass reaches p, ties going to the lower
+    token id (a stable sort), so the kept set is a function of the logits alone and matches vLLM's Triton
+    top-k/top-p kernel, which its rejection sampler uses.
 
-    logits: [rows, vocab] or [rows, positions, vocab]; temperature / top_k / top_p: scalars or
-    [rows] (one setting per request, applied at all its positions). temperature 0 -> one-hot
-    argmax; top_k 0 -> off; top_p 1 -> off. top-p keeps the smallest set of highest-probability
-    tokens whose mass reaches top_p (at least one token).
+    logits: [rows, vocab] or [rows, positions, vocab]; temperature / top_k / top_p: scalars or [rows] (one setting
+    per request, applied at all its positions). temperature 0 -> one-hot on the argmax (the first maximal id, the
+    same tie rule); top_k 0 -> off; top_p 1 -> off. Top-p is applied to what top-k left, renormalised, and always
+    keeps the first token; the token whose mass crosses p is kept.
     """
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise TypeError("logits must be a floating-point torch.Tensor")
@@ -48,17 +49,24 @@ def processed_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -
 
     greedy = temp == 0
     scaled = x.float() / torch.where(greedy, 1.0, temp)[:, None, None]
-    # top-k: drop tokens ranked at or past k.
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)  # [rows, P, V]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)  # [rows, P, V]
     rank = torch.arange(vocab, device=x.device)
     k_eff = torch.where(k == 0, vocab, k.clamp(max=vocab))
     drop = (rank[None, None, :] >= k_eff[:, None, None]).expand_as(sorted_logits)
-    # top-p on what top-k left: drop a token if the mass strictly before it already reaches p.
     probs_sorted = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
+    cumulative = probs_sorted.cumsum(dim=-1)
+    mass_before = torch.cat((torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]), dim=-1)
     drop = drop | (mass_before >= p[:, None, None])
     keep = torch.zeros_like(drop).scatter(-1, order, ~drop)
     out = scaled.masked_fill(~keep, float("-inf")).softmax(dim=-1)
     onehot = torch.zeros_like(out).scatter(-1, x.argmax(dim=-1, keepdim=True), 1.0)
     out = torch.where(greedy[:, None, None], onehot, out)
     return out.squeeze(1) if squeeze else out
+
+
+def sample(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0, generator: torch.Generator | None = None) -> int:
+    """One token id from logits [vocab]; greedy skips the generator so greedy runs never consume random numbers."""
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = processed_probs(logits[None], temperature, top_k, top_p)[0]
+    return int(torch.multinomial(probs, 1, generator=generator))
