@@ -1,4 +1,4 @@
-"""``deepinfer`` command line: make-checkpoint, generate, serve (vLLM with the plugin) and demo."""
+"""``deepinfer`` command line: make-checkpoint, generate, measure-step-cost, serve (vLLM with the plugin) and demo."""
 
 from __future__ import annotations
 
@@ -47,6 +47,30 @@ def generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, stop_token_ids=(model.args.eos_token_id,))
     print(json.dumps({"prompt_ids": prompt, "output_ids": run(model, prompt, params)}))
+    return 0
+
+
+def measure_step_cost(args: argparse.Namespace) -> int:
+    import torch
+
+    from .dspark.cost_model import measure_step_cost as measure
+    from .models.deepseek_v41 import DeepseekV41ForCausalLM
+
+    try:
+        sizes = [int(b) for b in args.tokens.replace(",", " ").split()]
+    except ValueError:
+        print(json.dumps({"error": f"--tokens must be integers, got {args.tokens!r}"}), file=sys.stderr)
+        return 2
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = DeepseekV41ForCausalLM.from_pretrained(args.model, dtype=dtype, device=args.device, with_drafter=False)
+    try:
+        table = measure(model, sizes, context=args.context, repeats=args.repeats)
+    except ValueError as e:
+        print(json.dumps({"error": str(e)}), file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps({"tokens": table.sizes.tolist(), "ms": table.ms.tolist()}) + "\n")
+    print(f"wrote the step-cost table for {len(sizes)} batch sizes to {args.out} "
+          f"(set DEEPINFER_DSPARK_COST_TABLE={args.out} for vllm serve)")
     return 0
 
 
@@ -212,6 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 
+    p = sub.add_parser("measure-step-cost", help="time the model's forward per verified batch size -> the DSpark "
+                       "step-cost table (DEEPINFER_DSPARK_COST_TABLE)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True, help="JSON file to write: {\"tokens\": [...], \"ms\": [...]}")
+    p.add_argument("--tokens", default="1 2 4 8 16 32 64 128", help="batch sizes (tokens) to time")
+    p.add_argument("--context", type=int, default=256, help="cached tokens each forward attends over")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
     p = sub.add_parser("serve", help="vllm serve with the deepinfer plugin; other arguments go to vLLM")
     p.add_argument("--plugin", default=None, help="plugin to select (VLLM_PLUGINS); only 'deepinfer'")
     p.add_argument("model")
@@ -232,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args, extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return {"make-checkpoint": make_checkpoint, "generate": generate, "demo": demo}[args.command](args)
+    return {"make-checkpoint": make_checkpoint, "generate": generate, "measure-step-cost": measure_step_cost,
+            "demo": demo}[args.command](args)
 
 
 if __name__ == "__main__":

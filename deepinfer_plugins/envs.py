@@ -10,7 +10,8 @@ ENVIRONMENT = {
                                    "'DeepInferDeepseekV41ForCausalLM').",
     "DEEPINFER_DSPARK_COST_TABLE": "unset (default): the vLLM DSpark proposer drafts num_speculative_tokens for "
                                    "every request; a JSON file {\"tokens\": [...], \"ms\": [...]} of verify-step "
-                                   "costs switches it to plan_verify_lengths (Algorithm A).",
+                                   "costs (written by `deepinfer measure-step-cost`) switches it to per-request "
+                                   "lengths from Algorithm B (StaleBudget).",
     "DEEPINFER_KEEP_DENSE_WEIGHTS": "unset (default): the vLLM adapter dequantises FP8/FP4 weights once after "
                                     "loading on a CPU (fast CPU decode, dense-size memory) and keeps them as stored "
                                     "on a GPU or NPU, whose GEMM backends read them directly; 1: always; 0: never "

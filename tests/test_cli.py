@@ -66,3 +66,19 @@ def test_a_torchvision_that_cannot_load_is_named_before_vllm_starts(monkeypatch,
     assert cli.main(["serve", "--plugin", "deepinfer", "CKPT"]) == 2
     error = capsys.readouterr().err
     assert "torchvision::nms does not exist" in error and "pip uninstall -y torchvision" in error
+
+
+def test_measure_step_cost_writes_the_table_the_dspark_proposer_reads(tiny256_dir, tmp_path, capsys):
+    """The file holds what the vLLM proposer's load_cost_table reads (DEEPINFER_DSPARK_COST_TABLE)."""
+    import json
+
+    from deepinfer_plugins.dspark.cost_model import CostTable
+
+    out = tmp_path / "cost.json"
+    assert cli.main(["measure-step-cost", "--model", str(tiny256_dir), "--out", str(out), "--tokens", "1,4",
+                     "--context", "8", "--repeats", "1"]) == 0
+    data = json.loads(out.read_text())
+    assert data["tokens"] == [1, 4] and len(data["ms"]) == 2 and min(data["ms"]) > 0
+    CostTable(data["tokens"], data["ms"])
+    assert cli.main(["measure-step-cost", "--model", str(tiny256_dir), "--out", str(out), "--tokens", "a"]) == 2
+    assert "--tokens must be integers" in capsys.readouterr().err

@@ -1,60 +1,18 @@
-"""Verify-length policies that only the simulator runs: Algorithm B and the baselines it is measured against.
+"""Verify-length baselines that only the simulator runs, measured against the engines' Algorithm B.
 
-No engine schedules with them yet (the engines call ``plan_verify_lengths``, Algorithm A), so they live beside the
-simulator rather than in the runtime package. They share the runtime's input checks and sorted path
-(deepinfer_plugins/dspark/length_policy.py), whose module doc states the layout and the non-anticipation argument
-that the stale budget relies on.
+They live beside the simulator rather than in the runtime package, and share the runtime's input checks, sorted
+path and budget search (deepinfer_plugins/dspark/length_policy.py), whose module doc states the layout and the
+non-anticipation argument.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
-from deepinfer_plugins.dspark.length_policy import (_as_survival, _eval_costs, _lengths_from_prefix, _token_cap,
-                                                    admission_order)
+from deepinfer_plugins.dspark.length_policy import _as_survival, _eval_costs, _token_cap, allocate_top_k, search_budget
 
 
-# --------------------------------------------------------------------------- Algorithm B
-
-
-def search_budget(values, num_requests: int, step_cost, max_batch_tokens: int | None = None) -> int:
-    """Global argmax over K of (R + sum of the K largest values) / T(R + K).
-
-    No early stop, so it finds the true optimum of a jagged T. Only safe when ``values`` do
-    not come from the current draft block (stale confidences, or realised outcomes for the
-    oracle). Ties go to the smaller K. On a step-function T the argmax already sits at the
-    top of a bucket (τ grows while T is flat), which is the "snap to the captured bucket"
-    of spec §3.4 step 4.
-    """
-    if num_requests < 0:
-        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
-    if num_requests == 0:
-        return 0
-    v = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))[::-1]
-    v = v[v > 0]
-    cap = _token_cap(num_requests, max_batch_tokens)
-    k_max = v.size if cap is None else min(v.size, cap)
-    tau = np.cumsum(np.concatenate([[float(num_requests)], v[:k_max]]))
-    theta = tau / _eval_costs(step_cost, num_requests + np.arange(k_max + 1))
-    return int(np.argmax(theta))
-
-
-def allocate_top_k(survival, num_drafted, budget: int | None) -> np.ndarray:
-    """Admit the first ``budget`` entries of the sorted path (None = all of them).
-
-    The caps per request are num_drafted (γ_r, or a graph's maximum query length).
-    """
-    a, n = _as_survival(survival, num_drafted)
-    rows, _, _ = admission_order(a, n)
-    if budget is None:
-        k = rows.size
-    else:
-        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
-            raise ValueError(f"budget must be a non-negative int or None, got {budget!r}")
-        k = min(int(budget), rows.size)
-    return _lengths_from_prefix(rows, k, a.shape[0])
+# --------------------------------------------------------------------------- uniform-L
 
 
 def uniform_length_budget(values_by_position, num_requests: int, step_cost,
@@ -75,57 +33,6 @@ def uniform_length_budget(values_by_position, num_requests: int, step_cost,
     lengths = np.arange(max_len + 1)
     theta = num_requests * (1 + mean_a) / _eval_costs(step_cost, num_requests * (1 + lengths))
     return int(np.argmax(theta)) * num_requests
-
-
-class StaleBudget:
-    """Algorithm B (spec §3.4): budget from confidences ``lag`` steps old, allocation on current.
-
-    An asynchronous engine must fix step t's batch shape before step t-1 finishes, so the
-    budget K can only use confidences from step t-2; that also makes it lossless, because K
-    does not depend on the current block. The current block only decides *which* K entries
-    (top-K of current a's), which is non-anticipating by the rank argument in the module doc.
-
-    budget_rule(stale_survival, num_requests, step_cost, max_batch_tokens) -> K;
-    ``search_budget`` gives Algorithm B, ``uniform_length_budget`` the uniform-L baseline.
-    Until ``lag`` steps of history exist the whole block is verified.
-    """
-
-    def __init__(self, budget_rule: str = "global", lag: int = 2):
-        rules = {"global": self._global, "uniform": self._uniform}
-        if budget_rule not in rules:
-            raise ValueError(f"budget_rule must be one of {sorted(rules)}, got {budget_rule!r}")
-        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
-            raise ValueError(f"lag must be an int >= 1 (2 for a one-step-ahead engine), got {lag!r}")
-        self.budget_rule = budget_rule
-        self._rule = rules[budget_rule]
-        self.lag = lag
-        self._history: deque[np.ndarray] = deque(maxlen=lag)
-
-    @staticmethod
-    def _global(stale, num_requests, step_cost, max_batch_tokens):
-        return search_budget(stale, num_requests, step_cost, max_batch_tokens)
-
-    @staticmethod
-    def _uniform(stale, num_requests, step_cost, max_batch_tokens):
-        return uniform_length_budget(stale, num_requests, step_cost, max_batch_tokens)
-
-    def reset(self) -> None:
-        self._history.clear()
-
-    def budget(self, num_requests: int, step_cost, max_batch_tokens: int | None = None) -> int | None:
-        """K for the coming step, from the survivals seen ``lag`` steps ago (None: no history)."""
-        if len(self._history) < self.lag:
-            return None
-        return self._rule(self._history[0], num_requests, step_cost, max_batch_tokens)
-
-    def plan(self, survival, num_drafted, step_cost, max_batch_tokens: int | None = None) -> np.ndarray:
-        a, n = _as_survival(survival, num_drafted)
-        k = self.budget(a.shape[0], step_cost, max_batch_tokens)
-        if k is None and max_batch_tokens is not None:
-            k = _token_cap(a.shape[0], max_batch_tokens)
-        lengths = allocate_top_k(a, n, k)
-        self._history.append(a)
-        return lengths
 
 
 # --------------------------------------------------------------------------- baselines

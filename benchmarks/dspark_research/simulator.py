@@ -82,7 +82,7 @@ class Stale(Policy):
     def __init__(self, rule: str):
         self.rule = rule
         self.name = {"global": "dspark-B", "uniform": "uniform-L"}[rule]
-        self.state = policies.StaleBudget(rule, lag=2)
+        self.state = lp.StaleBudget({"global": "global", "uniform": policies.uniform_length_budget}[rule], lag=2)
 
     def reset(self):
         self.state.reset()

@@ -69,3 +69,47 @@ class CostTable:
 
     def __call__(self, batch_tokens: int) -> float:
         return float(self.costs(np.array([batch_tokens]))[0])
+
+
+def measure_step_cost(model, sizes, context: int = 256, repeats: int = 5, seed: int = 0,
+                      clock=None) -> CostTable:
+    """T(B) of ``model`` (the core DeepseekV41ForCausalLM) on its own device: the median wall time of a forward of
+    B new tokens over a cached context of ``context`` tokens, rolled back after each run so that every B is timed
+    at the same length. One untimed run per size warms up. It times the model's forward only, not an engine's
+    scheduling and sampling around it, so on an engine whose step overhead is large next to the forward the
+    verify lengths it plans are too long; profile inside the engine there. ``clock``: seconds, time.perf_counter
+    unless given."""
+    import time
+
+    import torch
+
+    from ..models.deepseek_v41.kv_cache import SequenceCache
+
+    clock = clock or time.perf_counter
+    sizes = [int(b) for b in sizes]
+    if not sizes or min(sizes) < 1 or context < 1 or repeats < 1:
+        raise ValueError(f"need sizes >= 1, context >= 1 and repeats >= 1; got {sizes}, {context}, {repeats}")
+    args = model.args
+    device = model.embed.weight.device
+    high = min(args.vocab_size, args.image_token_id)  # the image token needs pixels
+    ids = torch.randint(3, high, (context + max(sizes),), generator=torch.Generator().manual_seed(seed))
+    cache = SequenceCache(args, device, max_rollback=max(sizes))
+    ms = []
+    with torch.inference_mode():
+        model(ids[:context].to(device), cache)
+        for b in sizes:
+            step = ids[context: context + b].to(device)
+            times = []
+            for run in range(repeats + 1):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = clock()
+                model(step, cache)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                elapsed_ms = (clock() - start) * 1e3
+                if run:
+                    times.append(elapsed_ms)
+                cache.rollback(context)
+            ms.append(float(np.median(times)))
+    return CostTable(sizes, ms)

@@ -1,9 +1,10 @@
 """Verify-length policies: how many drafted tokens of each request the target checks this step.
 
-Every policy is a pure function of acceptance statistics and a step-cost curve, so the
-simulator, the vLLM proposer and the SGLang worker call the same code (style example 9).
-Algorithm B (``StaleBudget``, the only policy with state) and the baselines, which only the
-simulator runs, are in benchmarks/dspark_research/policies.py.
+Every policy is a function of acceptance statistics and a step-cost curve, so the simulator and the
+engines call the same code. Algorithm B (``StaleBudget``, the only policy with state) is what the
+vLLM proposer runs: the simulator shows it never below fixed-k, where Algorithm A stops at the first
+bucket boundary of a jagged cost table (docs/dspark.md). The baselines it is measured against, which
+only the simulator runs, are in benchmarks/dspark_research/policies.py.
 
 Shared layout (R requests, γ = block size):
   survival     float64 [R, γ]  a[r, j-1] = c[r,1]···c[r,j], prefix survival, non-increasing in j
@@ -28,6 +29,7 @@ stop), from earlier steps (stale budget), or from the entry alone (threshold).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -206,3 +208,87 @@ def plan_verify_lengths(confidences: Sequence[Sequence[float]], step_cost: StepC
         raise ValueError(f"confidences[{r}] = {rows[r].tolist()} must be probabilities in [0, 1]")
     survival = cumulative_survival(c, num_drafted)
     return algorithm_a(survival, num_drafted, step_cost, max_batch_tokens).tolist()
+
+
+# --------------------------------------------------------------------------- Algorithm B
+
+
+def search_budget(values, num_requests: int, step_cost, max_batch_tokens: int | None = None) -> int:
+    """Global argmax over K of (R + sum of the K largest values) / T(R + K).
+
+    No early stop, so it finds the true optimum of a jagged T. Only safe when ``values`` do
+    not come from the current draft block (stale confidences, or realised outcomes for the
+    oracle). Ties go to the smaller K. On a step-function T the argmax already sits at the
+    top of a bucket (τ grows while T is flat), which is the "snap to the captured bucket"
+    of spec §3.4 step 4.
+    """
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    if num_requests == 0:
+        return 0
+    v = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))[::-1]
+    v = v[v > 0]
+    cap = _token_cap(num_requests, max_batch_tokens)
+    k_max = v.size if cap is None else min(v.size, cap)
+    tau = np.cumsum(np.concatenate([[float(num_requests)], v[:k_max]]))
+    theta = tau / _eval_costs(step_cost, num_requests + np.arange(k_max + 1))
+    return int(np.argmax(theta))
+
+
+def allocate_top_k(survival, num_drafted, budget: int | None) -> np.ndarray:
+    """Admit the first ``budget`` entries of the sorted path (None = all of them).
+
+    The caps per request are num_drafted (γ_r, or a graph's maximum query length).
+    """
+    a, n = _as_survival(survival, num_drafted)
+    rows, _, _ = admission_order(a, n)
+    if budget is None:
+        k = rows.size
+    else:
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+            raise ValueError(f"budget must be a non-negative int or None, got {budget!r}")
+        k = min(int(budget), rows.size)
+    return _lengths_from_prefix(rows, k, a.shape[0])
+
+
+class StaleBudget:
+    """Algorithm B (spec §3.4): budget from confidences ``lag`` steps old, allocation on current.
+
+    An asynchronous engine must fix step t's batch shape before step t-1 finishes, so the
+    budget K can only use confidences from step t-2; that also makes it lossless, because K
+    does not depend on the current block. The current block only decides *which* K entries
+    (top-K of current a's), which is non-anticipating by the rank argument in the module doc.
+
+    budget_rule(stale_survival, num_requests, step_cost, max_batch_tokens) -> K: "global" (``search_budget``)
+    is Algorithm B; the simulator passes its baselines' rules (uniform-L).
+    Until ``lag`` steps of history exist the whole block is verified.
+    """
+
+    def __init__(self, budget_rule="global", lag: int = 2):
+        if budget_rule == "global":
+            budget_rule = search_budget
+        elif not callable(budget_rule):
+            raise ValueError(f"budget_rule must be 'global' or a callable, got {budget_rule!r}")
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
+            raise ValueError(f"lag must be an int >= 1 (2 for a one-step-ahead engine), got {lag!r}")
+        self._rule = budget_rule
+        self.lag = lag
+        self._history: deque[np.ndarray] = deque(maxlen=lag)
+
+    def reset(self) -> None:
+        self._history.clear()
+
+    def budget(self, num_requests: int, step_cost, max_batch_tokens: int | None = None) -> int | None:
+        """K for the coming step, from the survivals seen ``lag`` steps ago (None: no history)."""
+        if len(self._history) < self.lag:
+            return None
+        return self._rule(self._history[0], num_requests, step_cost, max_batch_tokens)
+
+    def plan(self, survival, num_drafted, step_cost, max_batch_tokens: int | None = None) -> np.ndarray:
+        a, n = _as_survival(survival, num_drafted)
+        k = self.budget(a.shape[0], step_cost, max_batch_tokens)
+        if k is None and max_batch_tokens is not None:
+            k = _token_cap(a.shape[0], max_batch_tokens)
+        lengths = allocate_top_k(a, n, k)
+        self._history.append(a)
+        return lengths

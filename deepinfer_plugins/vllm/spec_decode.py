@@ -23,8 +23,11 @@ without probabilities as one-hot proposals, which is lossless for greedy and for
 Verify lengths: vLLM's V1 runner accepts one draft list per request of any length <= num_speculative_tokens, so
 lengths can differ per request. By default every request gets min(num_speculative_tokens, dspark_block_size)
 drafts. With ``DEEPINFER_DSPARK_COST_TABLE=<json file>`` holding a ``{"tokens": [...], "ms": [...]}`` step-cost
-table (cost_model.CostTable), lengths come from ``plan_verify_lengths`` (Algorithm A) on the drafter's
-confidences, capped at num_speculative_tokens.
+table (cost_model.CostTable; ``deepinfer measure-step-cost`` writes one), lengths come from Algorithm B
+(``StaleBudget``, docs/dspark.md): the number of drafts verified this step is the budget that maximises expected
+tokens per ms on the table, from the drafter's confidences two steps old, and they go to the most confident
+positions of this step's drafts. Algorithm A stops at the first bucket boundary of a jagged measured table; B
+never falls below a fixed length in our simulation.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import numpy as np
 import torch
 
 from .. import envs
-from ..dspark.length_policy import plan_verify_lengths
+from ..dspark.length_policy import StaleBudget, cumulative_survival
 from .cache import PagedDraftContext, StoredPositions
 
 logger = logging.getLogger("deepinfer")
@@ -58,6 +61,7 @@ class DeepInferDSparkProposer:
         self.target = None
         path = envs.dspark_cost_table_path()
         self.step_cost = load_cost_table(path) if path else None
+        self.lengths = StaleBudget("global", lag=2)
 
     def load_model(self, target_model) -> None:
         if getattr(target_model, "context_cache", None) is None:
@@ -71,7 +75,7 @@ class DeepInferDSparkProposer:
                            self.num_speculative_tokens, self.num_drafts, self.num_drafts)
         logger.info("deepinfer: DSpark proposer on %s, up to %d drafts per request, verify lengths %s",
                     type(target_model).__name__, self.num_drafts,
-                    "planned (Algorithm A)" if self.step_cost is not None else "fixed")
+                    "planned (Algorithm B)" if self.step_cost is not None else "fixed")
 
     def draft_rows(self, num_tokens_no_spec, token_ids_cpu, rows: list[int]):
         """Draft one block for each batch row in ``rows`` -> (tokens [R, B], confidences [R, B]) numpy."""
@@ -102,8 +106,9 @@ class DeepInferDSparkProposer:
         if self.step_cost is None:
             lengths = [self.num_drafts] * len(rows)
         else:
-            lengths = [int(x) for x in plan_verify_lengths([list(map(float, c)) for c in confidences],
-                                                          self.step_cost)]
+            num_drafted = np.full(len(rows), tokens.shape[1])
+            survival = cumulative_survival(confidences.astype(np.float64).clip(0, 1), num_drafted)
+            lengths = self.lengths.plan(survival, num_drafted, self.step_cost).tolist()
         for r, i in enumerate(rows):
             drafts[i] = [int(t) for t in tokens[r, : lengths[r]]]
         return drafts

@@ -45,12 +45,12 @@ SCRIPT = textwrap.dedent("""
                   kv_cache_memory_bytes=int(sys.argv[4]), max_num_batched_tokens=96, disable_log_stats=False,
                   enable_prefix_caching=True, speculative_config=spec)
         params = SamplingParams(max_tokens=int(sys.argv[5]), temperature=0)
-        outputs = []
+        outputs, after_batch = [], []
         for batch in batches:  # one generate call per batch: later batches hit the prefix cache of earlier ones
             outs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
             outputs += [list(o.outputs[0].token_ids) for o in outs]
-        metrics = {m.name: getattr(m, "value", getattr(m, "values", None)) for m in llm.get_metrics()}
-        print("RESULT" + json.dumps({"outputs": outputs, "metrics": metrics}))
+            after_batch.append({m.name: getattr(m, "value", getattr(m, "values", None)) for m in llm.get_metrics()})
+        print("RESULT" + json.dumps({"outputs": outputs, "metrics": after_batch[-1], "after_batch": after_batch}))
 """)
 
 SHARED = [100 + (11 * j) % 4000 for j in range(260)]
@@ -75,12 +75,13 @@ def planted_file(references, tmp_path_factory) -> Path:
     return path
 
 
-def offline(checkpoint, tmp_path, proposer: str, planted_file: Path, kv_bytes: int = 64 * 2**20) -> dict:
+def offline(checkpoint, tmp_path, proposer: str, planted_file: Path, kv_bytes: int = 64 * 2**20,
+            env: dict | None = None) -> dict:
     script = tmp_path / "offline_dspark.py"
     script.write_text(SCRIPT)
     spec = {"method": "custom_class", "model": proposer, "num_speculative_tokens": K}
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               DEEPINFER_TEST_PLANTED=str(planted_file))
+               DEEPINFER_TEST_PLANTED=str(planted_file), **(env or {}))
     result = subprocess.run([sys.executable, str(script), str(checkpoint), json.dumps(BATCHES), json.dumps(spec),
                              str(kv_bytes), str(NEW_TOKENS)], capture_output=True, text=True, timeout=600, env=env,
                             cwd=REPO)
@@ -118,6 +119,24 @@ def test_planted_drafts_are_accepted_several_at_a_time(checkpoint, references, p
     assert accepted < drafts, "every few steps a planted draft is wrong on purpose"
     assert per_pos[K - 1] > 0 and per_pos[1] > 0, f"multi-token accepts expected, per position {per_pos}"
     print("planted:", {k: v for k, v in m.items() if "spec_decode" in k})
+
+
+def test_dynamic_lengths_follow_the_load(checkpoint, references, planted_file, tmp_path):
+    """DEEPINFER_DSPARK_COST_TABLE switches the proposer to Algorithm B. On a table flat up to 8 batch tokens and
+    steep beyond, a lone request (batch 2) has every draft verified, while five decoding together (batch 1) cannot
+    all be: some steps verify fewer than K drafts of a request. Output stays the reference's, token for token."""
+    table = tmp_path / "cost.json"
+    table.write_text(json.dumps({"tokens": [1, 8, 9, 64], "ms": [10.0, 10.0, 200.0, 2000.0]}))
+    data = offline(checkpoint, tmp_path, PLANTED, planted_file, env={"DEEPINFER_DSPARK_COST_TABLE": str(table)})
+    assert_identical(data["outputs"], references)
+    crowded, alone = data["after_batch"]
+    drafts, tokens = crowded["vllm:spec_decode_num_drafts"], crowded["vllm:spec_decode_num_draft_tokens"]
+    assert 0 < tokens < K * drafts, f"five requests: {tokens} draft tokens in {drafts} drafts"
+    drafts_alone = alone["vllm:spec_decode_num_drafts"] - drafts
+    tokens_alone = alone["vllm:spec_decode_num_draft_tokens"] - tokens
+    assert drafts_alone > 0 and tokens_alone == K * drafts_alone, f"one request: {tokens_alone} in {drafts_alone}"
+    assert alone["vllm:spec_decode_num_accepted_tokens"] > 0
+    print("dynamic:", {"crowded": (drafts, tokens), "alone": (drafts_alone, tokens_alone)})
 
 
 def metric(text: str, name: str) -> float:

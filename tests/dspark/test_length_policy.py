@@ -1,6 +1,8 @@
 """Verify-length policies: Algorithm A matches a line-by-line transcription of spec §3.3 and has
 the listed properties (prefix contiguity, extremes, ties, caps, Θ ≥ fixed-k when unimodal,
-non-anticipation on the Appendix-A case); input errors behave."""
+non-anticipation on the Appendix-A case); input errors behave. Algorithm B (what the vLLM proposer
+runs) finds the global optimum of a jagged cost, budgets from its history and agrees with A where
+it should."""
 
 import math
 
@@ -8,7 +10,6 @@ import numpy as np
 import pytest
 
 from benchmarks.dspark_research.cost_models import ShiftedCost
-from benchmarks.dspark_research.policies import search_budget
 from deepinfer_plugins.dspark import length_policy as lp
 from deepinfer_plugins.dspark import plan_verify_lengths
 from deepinfer_plugins.dspark.cost_model import CostTable
@@ -145,7 +146,7 @@ def test_appendix_a_decision_ignores_c2(c2):
     assert plan_verify_lengths([[0.8, c2]], APPENDIX_A_COST) == [0]
     # the retrospective global argmax does look at c2 and verifies 2 when it is high
     a = np.cumprod([0.8, c2])
-    lookahead = search_budget(a, 1, APPENDIX_A_COST)
+    lookahead = lp.search_budget(a, 1, APPENDIX_A_COST)
     assert lookahead == (2 if 0.45 * (1.8 + 0.8 * c2) > 1 else 0)
 
 
@@ -188,3 +189,43 @@ def test_envelope_variant_crosses_bucket_steps_plain_a_stops_at():
     # with a flat cost the variant is Algorithm A
     flat = lambda B: 2.0  # noqa: E731
     assert (lp.algorithm_a(a, np.full(16, 3), flat, envelope=True) == lp.algorithm_a(a, np.full(16, 3), flat)).all()
+
+
+# --------------------------------------------------------------------------- Algorithm B
+
+
+def test_search_budget_finds_global_optimum_of_jagged_cost():
+    # Θ dips at K = 1 (a step) and peaks at K = 4: early stop would return 0.
+    cost = CostTable(np.array([2, 3, 6]), np.array([1.0, 1.6, 1.6]))
+    values = np.array([0.9, 0.9, 0.9, 0.9])
+    assert lp.search_budget(values, 2, cost) == 4
+    a = values.reshape(2, 2)  # two requests, survival non-increasing along rows
+    assert lp.algorithm_a(a, np.array([2, 2]), cost).sum() == 0
+
+
+def test_stale_budget_uses_history_and_allocates_current_top_k():
+    cost = lambda B: 1.0 + 0.05 * max(0, B - 4) ** 2  # noqa: E731
+    sched = lp.StaleBudget("global", lag=2)
+    n = np.array([3, 3])
+    old = lp.cumulative_survival(np.array([[0.9, 0.9, 0.9], [0.9, 0.9, 0.9]]), n)
+    cur = lp.cumulative_survival(np.array([[0.2, 0.9, 0.9], [0.99, 0.99, 0.9]]), n)
+    assert sched.plan(old, n, cost).tolist() == [3, 3]  # no history yet: verify everything
+    sched.plan(old, n, cost)
+    k = lp.search_budget(old, 2, cost)
+    ell = sched.plan(cur, n, cost)
+    assert ell.sum() == k and 0 < k < 6
+    assert ell.tolist() == lp.allocate_top_k(cur, n, k).tolist()
+    assert ell[1] >= ell[0]  # the current block of request 1 is far more confident
+    with pytest.raises(ValueError):
+        lp.StaleBudget("lookahead")
+
+
+def test_b_agrees_with_a_when_stale_equals_current_and_theta_unimodal():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        R = int(rng.integers(1, 10))
+        a = lp.cumulative_survival(rng.uniform(0.3, 1, (R, 5)), np.full(R, 5))
+        s = rng.uniform(0.001, 0.05)
+        cost = lambda B, s=s: 1.0 + s * B * B  # noqa: E731
+        k = lp.search_budget(a, R, cost)
+        assert lp.allocate_top_k(a, np.full(R, 5), k).tolist() == lp.algorithm_a(a, np.full(R, 5), cost).tolist()

@@ -10,7 +10,6 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from benchmarks.dspark_research import policies
 from deepinfer_plugins.dspark import length_policy as lp
 from deepinfer_plugins.dspark import plan_verify_lengths
 from deepinfer_plugins.dspark.verify import sample_inverse_cdf, verify
@@ -207,7 +206,7 @@ def make_schedule_b():
     states = {}
 
     def schedule(gi, conf):
-        state = states.setdefault(gi, policies.StaleBudget("global", lag=1))
+        state = states.setdefault(gi, lp.StaleBudget("global", lag=1))
         n = np.full(conf.shape[0], GAMMA)
         return state.plan(lp.cumulative_survival(conf, n), n, knee_cost)
     return schedule
@@ -261,7 +260,7 @@ def appendix_a_first_tokens(scheduler, n=100_000, seed=0):
 
 def lookahead(conf):  # retrospective global argmax over the current block (unsafe)
     a = np.cumprod(conf, axis=1)
-    return np.array([policies.search_budget(row, 1, COST_A) for row in a], dtype=np.int64)
+    return np.array([lp.search_budget(row, 1, COST_A) for row in a], dtype=np.int64)
 
 
 def algorithm_a_each(conf):
@@ -269,7 +268,7 @@ def algorithm_a_each(conf):
 
 
 def algorithm_b_each(conf):
-    state = policies.StaleBudget("global", lag=2)
+    state = lp.StaleBudget("global", lag=2)
     n = np.full(1, 2)
     return np.array([state.plan(np.cumprod(row)[None], n, COST_A)[0] for row in conf], dtype=np.int64)
 
