@@ -25,8 +25,7 @@ def search_budget(values, num_requests: int, step_cost, max_batch_tokens: int | 
     No early stop, so it finds the true optimum of a jagged T. Only safe when ``values`` do
     not come from the current draft block (stale confidences, or realised outcomes for the
     oracle). Ties go to the smaller K. On a step-function T the argmax already sits at the
-    top of a bucket (τ grows while T is flat), which is the "snap to the captured bucket"
-    of spec §3.4 step 4.
+    top of a bucket (τ grows while T is flat), so the budget already snaps to a captured bucket.
     """
     if num_requests < 0:
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
@@ -78,7 +77,7 @@ def uniform_length_budget(values_by_position, num_requests: int, step_cost,
 
 
 class StaleBudget:
-    """Algorithm B (spec §3.4): budget from confidences ``lag`` steps old, allocation on current.
+    """Algorithm B (docs/dspark.md#scheduling): budget from confidences ``lag`` steps old, allocation on current.
 
     An asynchronous engine must fix step t's batch shape before step t-1 finishes, so the
     budget K can only use confidences from step t-2; that also makes it lossless, because K

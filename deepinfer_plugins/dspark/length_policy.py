@@ -1,7 +1,7 @@
 """Verify-length policies: how many drafted tokens of each request the target checks this step.
 
 Every policy is a pure function of acceptance statistics and a step-cost curve, so the
-simulator, the vLLM proposer and the SGLang worker call the same code (style example 9).
+simulator and the vLLM proposer call the same code.
 Algorithm B (``StaleBudget``, the only policy with state) and the baselines, which only the
 simulator runs, are in benchmarks/dspark_research/policies.py.
 
@@ -13,13 +13,13 @@ Shared layout (R requests, γ = block size):
                                a ``cost_model`` table or any callable returning a positive float
   result       int64   [R]     verify lengths ℓ_r, 0 ≤ ℓ_r ≤ γ_r (target checks anchor + ℓ_r rows)
 
-Objective (spec §3.1): maximise Θ = τ / T(B) with B = Σ(1 + ℓ_r) and expected committed
+Objective (docs/dspark.md#scheduling): maximise Θ = τ / T(B) with B = Σ(1 + ℓ_r) and expected committed
 tokens τ = Σ(1 + Σ_{j≤ℓ_r} a_{r,j}). Extending r from j-1 to j gains exactly a_{r,j}, and a is
 non-increasing in j, so for any B the best plan takes the B - R largest a's. Sorting all (r, j)
 by (-a, j, r) therefore keeps every request's admitted set a prefix, and the problem reduces to
 choosing how far to walk along that one sorted path.
 
-Non-anticipation (spec §2.4): whether position k of request r is verified may depend on
+Non-anticipation: whether position k of request r is verified may depend on
 x_{r,<k} and c_{r,≤k} but not on x_{r,k}, and c_{r,k+1} is a function of x_{r,k}. An entry's
 rank in the sorted path depends only on entries ranked above it (r's own later entries always
 rank below), so the safe policies decide on an entry from entries at or above it (early
@@ -66,7 +66,7 @@ def _as_survival(survival, num_drafted) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cumulative_survival(confidences, num_drafted) -> np.ndarray:
-    """Prefix survival a = cumprod(c) from conditional confidences c [R, γ] (spec §1.4).
+    """Prefix survival a = cumprod(c) from conditional confidences c [R, γ].
 
     The confidence head predicts the *conditional* acceptance of position k given 1..k-1 were
     accepted; the scheduler needs the probability that the whole prefix survives.
@@ -137,7 +137,7 @@ def _lengths_from_prefix(rows: np.ndarray, n: int, num_requests: int) -> np.ndar
 
 def algorithm_a(survival, num_drafted, step_cost, max_batch_tokens: int | None = None,
                 envelope: bool = False) -> np.ndarray:
-    """Greedy admission with early stop (paper Algorithm 1, spec §3.3).
+    """Greedy admission with early stop (paper Algorithm 1; docs/dspark.md#scheduling).
 
     Walk the sorted path from B = R; admit the next entry while Θ = τ / T(B) strictly improves,
     stop at the first entry that does not. The early stop is what makes it non-anticipating:

@@ -1,6 +1,7 @@
 """SGLang model class for DeepSeek-V4.1-Flash: translates SGLang's batch and KV slots onto the core model.
 
-No model math here (style example 1): the network is ``deepinfer_plugins.models.deepseek_v41``; this file maps
+No model math here (docs/architecture.md#one-copy-of-the-model-math): the network is
+``deepinfer_plugins.models.deepseek_v41``; this file maps
   * SGLang's ``ForwardBatch`` (forward mode, per-request row counts, ``positions``, ``req_pool_indices``,
     ``out_cache_loc``) onto ``SequenceChunk``s of the core's ``forward_chunks``;
   * SGLang's KV slots (``req_to_token[req_pool_idx, pos]``, the same indices its allocator, radix cache and

@@ -1,12 +1,13 @@
 """Load an official-format V4.1 checkpoint: nested config.json + sharded safetensors with the release's names.
 
-Module names mirror the official tensor names (spec §11), so the name table is the identity for the text
-model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image embeddings are
-skipped until the vision issue lands. ``load_weights`` is the one loader: ``load_model`` feeds it the shards, and
-the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the same parameters.
-Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Every problem raises
-``CheckpointError`` naming the tensor and the shard, and ``load_model`` returns no half-loaded model: the names
-are checked against the index before any shard is read, and a bad tensor raises before the model is returned.
+Module names mirror the official tensor names (docs/model.md#checkpoint-names-and-formats), so the name table is the
+identity for the text model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image
+embeddings are skipped (the vision tower is not implemented). ``load_weights`` is the one loader: ``load_model``
+feeds it the shards, and the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the
+same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Every
+problem raises ``CheckpointError`` naming the tensor and the shard, and ``load_model`` returns no half-loaded model:
+the names are checked against the index before any shard is read, and a bad tensor raises before the model is
+returned.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
 
 
 def attach_engram_token_map(model, path: Path) -> None:
-    """Give Engram its tokenizer-derived token map (spec §7.1) unless the config uses the identity map."""
+    """Give Engram its tokenizer-derived token map (docs/model.md#token-map) unless the config uses the identity map."""
     args = model.args
     if not args.engram_layer_ids or model.hasher.identity_map:
         return

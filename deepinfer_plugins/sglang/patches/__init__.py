@@ -1,4 +1,4 @@
-"""Ledger of DeepInfer's patches to SGLang (style example 7). Applied through SGLang's own HookRegistry.
+"""Ledger of DeepInfer's patches to SGLang. Applied through SGLang's own HookRegistry.
 
 patch_v41_architecture_name.py
     symbol:  sglang.srt.configs.deepseek_v41.normalize_deepseek_v41_config (SGLang 0.5.23)
