@@ -135,7 +135,8 @@ def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
             passed_over += 1
             continue
         if name not in targets:
-            check_names(targets, [name], where, source)
+            raise CheckpointError(f"unexpected tensor {name!r} in {where(name)}: not part of the model the config "
+                                  "describes")
         check_tensor(name, where(name), tensor.shape, tensor.dtype, targets[name])
         _store(model, name, targets[name], tensor)
         loaded.add(name)
