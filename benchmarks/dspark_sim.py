@@ -1,4 +1,4 @@
-"""DSpark dynamic verify length vs fixed length: closed-loop CPU simulation (spec §6).
+"""DSpark dynamic verify length vs fixed length: closed-loop CPU simulation (docs/dspark.md#simulator).
 
 Claim under test: dynamic-length verification beats fixed verification of 5 tokens (and the
 best fixed k) once fixed-5 is at or past the knee of the verify-cost curve, and never loses
@@ -38,7 +38,8 @@ FLOOR_MS = 20.0  # verify step time while memory-bound
 
 
 def cost_models(seed: int) -> dict[str, tuple[StepCostModel, int]]:
-    """name -> (model, knee in verified tokens). Draft ≈ 7% of a verify step (ATOM, spec §6.3)."""
+    """name -> (model, knee in verified tokens). Draft ≈ 7% of a verify step (AMD ATOM's figure;
+    docs/dspark.md#simulator)."""
     out = {}
     for knee, shape, jitter in ((64, "roofline", 0.0), (64, "roofline", 0.1), (256, "roofline", 0.0),
                                 (256, "roofline", 0.1), (128, "soft", 0.0)):

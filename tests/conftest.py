@@ -11,7 +11,7 @@ from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkp
 
 @pytest.fixture(scope="session")
 def tiny256_dir(tmp_path_factory):
-    """Spec §13.1 exactly (vocabulary 256), seed 0."""
+    """Preset tiny-vocab256 (docs/model.md#test-configurations), seed 0."""
     return write_random_checkpoint(tmp_path_factory.mktemp("tiny256"), "tiny-vocab256", seed=0)
 
 

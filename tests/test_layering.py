@@ -100,7 +100,7 @@ def test_the_graph_sees_relative_function_level_and_submodule_imports():
     graph = import_graph()
     assert "deepinfer_plugins.models.deepseek_v41.drafter" in graph["deepinfer_plugins.models.deepseek_v41.model"]
     assert "deepinfer_plugins.ops" in graph["deepinfer_plugins.models.deepseek_v41.drafter"]  # from ... import ops
-    assert "deepinfer_plugins.sglang.spec_decode" in graph["deepinfer_plugins.sglang.register"]  # inside a function
+    assert "deepinfer_plugins.sglang.patches" in graph["deepinfer_plugins.sglang.register"]  # inside a function
 
 
 def test_lower_layers_never_import_higher_ones():

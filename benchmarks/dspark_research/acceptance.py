@@ -1,4 +1,4 @@
-"""Synthetic acceptance traces fitted to published survival curves (spec §6.2, source 1).
+"""Synthetic acceptance traces fitted to published survival curves (docs/dspark.md#simulator).
 
 No GPU is needed to ask how a scheduler behaves if the drafter accepts like DSpark does:
 each request gets a domain curve, a difficulty, per-round noise and a noisy confidence head,
@@ -21,7 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
-# Unconditional prefix survival by draft position, from spec §4 (sources there).
+# Unconditional prefix survival by draft position (sources per curve).
 SURVIVAL_ANCHORS: dict[str, tuple[float, ...]] = {
     # vLLM dynamic-SD prior, "shape from DSpark-V4-Flash/Qwen3 measurements" [S]
     "v4_prior": (0.78, 0.55, 0.37, 0.24, 0.16, 0.11, 0.08),

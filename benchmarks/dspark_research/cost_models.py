@@ -18,7 +18,7 @@ CAPTURE_SIZES: tuple[int, ...] = (1, 2, 4) + tuple(range(8, 257, 8)) + tuple(ran
 
 
 class CostTable2D:
-    """T(R, B): one ``CostTable`` per profiled request count (spec §3.2, "a better model").
+    """T(R, B): one ``CostTable`` per profiled request count.
 
     Different request counts hit different graphs and attention kernels even at equal B.
     ``at_requests(R)`` returns the table of the smallest profiled count ≥ R (ceiling, like the
@@ -46,7 +46,7 @@ class CostTable2D:
 def knee_cost_table(floor_ms: float, knee_tokens: int, *, shape: str = "roofline",
                     jitter: float = 0.0, seed: int = 0, sizes=CAPTURE_SIZES,
                     eager_sizes=(768, 1024, 1536, 2048, 3072, 4096)) -> CostTable:
-    """Synthetic verify-cost curve with a knee, snapped to capture buckets (spec §6.3).
+    """Synthetic verify-cost curve with a knee, snapped to capture buckets (docs/dspark.md#simulator).
 
     roofline: T = floor · max(1, B / knee), flat while memory-bound, then T ∝ B
               (doubles at 2·knee).

@@ -1,4 +1,4 @@
-"""Closed-loop serving simulator for verify-length policies (spec §6.4).
+"""Closed-loop serving simulator for verify-length policies (docs/dspark.md#simulator).
 
 Fixed concurrency C: every slot always holds a decoding request; a finished request is
 replaced at once. One engine step: the acceptance source reports confidences and (for the

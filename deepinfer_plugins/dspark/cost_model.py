@@ -1,7 +1,7 @@
 """Verify-cost table for verification scheduling: T_verify(B) from a profile.
 
 The scheduler trades expected accepted tokens against step time, so it needs T_verify(B) for
-every B it might choose (spec §3.2). Engines profile it once at start-up for each captured
+every B it might choose (docs/dspark.md#scheduling). Engines profile it once at start-up for each captured
 CUDA-graph size; the result is a *step function* (a batch is padded up to the next captured
 size), flat while the step is memory-bound and rising once it is compute-bound (the knee).
 Lookups therefore take the ceiling bucket at or below the capture limit and interpolate

@@ -14,13 +14,13 @@ Shared layout (R requests, γ = block size):
                                a ``cost_model`` table or any callable returning a positive float
   result       int64   [R]     verify lengths ℓ_r, 0 ≤ ℓ_r ≤ γ_r (target checks anchor + ℓ_r rows)
 
-Objective (spec §3.1): maximise Θ = τ / T(B) with B = Σ(1 + ℓ_r) and expected committed
+Objective (docs/dspark.md#scheduling): maximise Θ = τ / T(B) with B = Σ(1 + ℓ_r) and expected committed
 tokens τ = Σ(1 + Σ_{j≤ℓ_r} a_{r,j}). Extending r from j-1 to j gains exactly a_{r,j}, and a is
 non-increasing in j, so for any B the best plan takes the B - R largest a's. Sorting all (r, j)
 by (-a, j, r) therefore keeps every request's admitted set a prefix, and the problem reduces to
 choosing how far to walk along that one sorted path.
 
-Non-anticipation (spec §2.4): whether position k of request r is verified may depend on
+Non-anticipation: whether position k of request r is verified may depend on
 x_{r,<k} and c_{r,≤k} but not on x_{r,k}, and c_{r,k+1} is a function of x_{r,k}. An entry's
 rank in the sorted path depends only on entries ranked above it (r's own later entries always
 rank below), so the safe policies decide on an entry from entries at or above it (early
@@ -68,7 +68,7 @@ def _as_survival(survival, num_drafted) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cumulative_survival(confidences, num_drafted) -> np.ndarray:
-    """Prefix survival a = cumprod(c) from conditional confidences c [R, γ] (spec §1.4).
+    """Prefix survival a = cumprod(c) from conditional confidences c [R, γ].
 
     The confidence head predicts the *conditional* acceptance of position k given 1..k-1 were
     accepted; the scheduler needs the probability that the whole prefix survives.
@@ -139,7 +139,7 @@ def _lengths_from_prefix(rows: np.ndarray, n: int, num_requests: int) -> np.ndar
 
 def algorithm_a(survival, num_drafted, step_cost, max_batch_tokens: int | None = None,
                 envelope: bool = False) -> np.ndarray:
-    """Greedy admission with early stop (paper Algorithm 1, spec §3.3).
+    """Greedy admission with early stop (paper Algorithm 1; docs/dspark.md#scheduling).
 
     Walk the sorted path from B = R; admit the next entry while Θ = τ / T(B) strictly improves,
     stop at the first entry that does not. The early stop is what makes it non-anticipating:
@@ -219,8 +219,7 @@ def search_budget(values, num_requests: int, step_cost, max_batch_tokens: int | 
     No early stop, so it finds the true optimum of a jagged T. Only safe when ``values`` do
     not come from the current draft block (stale confidences, or realised outcomes for the
     oracle). Ties go to the smaller K. On a step-function T the argmax already sits at the
-    top of a bucket (τ grows while T is flat), which is the "snap to the captured bucket"
-    of spec §3.4 step 4.
+    top of a bucket (τ grows while T is flat), so the budget already snaps to a captured bucket.
     """
     if num_requests < 0:
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
@@ -252,7 +251,7 @@ def allocate_top_k(survival, num_drafted, budget: int | None) -> np.ndarray:
 
 
 class StaleBudget:
-    """Algorithm B (spec §3.4): budget from confidences ``lag`` steps old, allocation on current.
+    """Algorithm B (docs/dspark.md#scheduling): budget from confidences ``lag`` steps old, allocation on current.
 
     An asynchronous engine must fix step t's batch shape before step t-1 finishes, so the
     budget K can only use confidences from step t-2; that also makes it lossless, because K

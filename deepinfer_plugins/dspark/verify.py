@@ -2,7 +2,7 @@
 
 Dynamic-length scheduling only changes *how many* drafts each request verifies; this rule is
 the unchanged standard one, so the output distribution is exactly the target's as long as the
-lengths were chosen without looking at the drafts being verified (spec §2.4).
+lengths were chosen without looking at the drafts being verified (docs/dspark.md#scheduling).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-# Speculative sampling, one round per row (Leviathan et al. 2023; spec §2.2–2.5).
+# Speculative sampling, one round per row (Leviathan et al. 2023; docs/dspark.md#verification).
 #   Drafts x_k ~ q_k for k = 1..ℓ (ℓ = num_verify[r], 0 allowed); p_k = processed target
 #   distribution at row k-1 of the verify forward; u_k ~ U[0, 1).
 #   accept x_k  iff  u_k · q_k(x_k) < p_k(x_k)        i.e. with probability min(1, p_k(x_k) / q_k(x_k))

@@ -40,7 +40,7 @@ __all__ = [
     "swiglu", "topk_indices",
 ]
 
-# Kernel-facing ops (issue 6): quantised cache records and fused Engram / CSA2 / mHC-collapse + norm steps.
+# Kernel-facing ops: quantised cache records and fused Engram / CSA2 / mHC-collapse + norm steps.
 from .cache import CACHE_FORMATS, cache_gather, cache_write, pack_cache_records, record_bytes, unpack_cache_records
 from .fused import csa2_compress, engram_gate, engram_gather, hc_collapse_norm, sparse_attention_records
 

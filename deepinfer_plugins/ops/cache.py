@@ -6,7 +6,7 @@ table and, for the window ring, position % window). Unpacking a record gives exa
 op of quant.py, bit for bit (tests/ops/test_cache_ops.py checks this), so a cache written by these ops and
 read back is the model's cache precision.
 
-Formats (spec §8.1-8.3), D = width of the vector:
+Formats (docs/model.md#cache-records), D = width of the vector:
   * ``fp8_window``  (window KV, D = 512): D bytes E4M3 codes, then D/32 UE8M0 scale bytes  -> 528 B.
   * ``nvfp4``       (compressed KV, D = 512): D/2 bytes E2M1 pairs (even channel = low nibble), then D/16
                     E4M3 scale bytes -> 288 B.

@@ -28,7 +28,7 @@ def engram_gather(weight: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor, 
 @registry.reference("engram_gate")
 def engram_gate(streams: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w: torch.Tensor,
                 eps: float) -> torch.Tensor:
-    """Gated Engram injection (spec §7.3).
+    """Gated Engram injection (docs/model.md#gate).
 
     streams [T, S, d]; key [T, S, d] and value [T, d] (from ``wkv`` of the gathered rows); w [S, d] =
     q_weight * k_weight. gate[t, s] = sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6))) with
@@ -47,7 +47,7 @@ def engram_gate(streams: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w
 @registry.reference("csa2_compress")
 def csa2_compress(values: torch.Tensor, gates: torch.Tensor, ratio: int, norm_weight: torch.Tensor | None,
                   eps: float, dtype: torch.dtype) -> torch.Tensor:
-    """CSA2 pooling of complete groups (spec §5.4), ratio >= 2.
+    """CSA2 pooling of complete groups (docs/model.md#csa2-compressor), ratio >= 2.
 
     values, gates [G * ratio, c] fp32 (wkv(x), wgate(x)) -> latents [G, c] in ``dtype``: per channel a softmax
     over the group's tokens of the gates weights the values; the fp32 sum is cast to ``dtype`` and RMS-normed.
@@ -119,9 +119,9 @@ def records_pool_per_reference(window_cache: torch.Tensor, window_slots: torch.T
 def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window_slots: torch.Tensor,
                              compressed_cache: torch.Tensor, compressed_slots: torch.Tensor, sink: torch.Tensor,
                              softmax_scale: float) -> torch.Tensor:
-    """``sparse_attention`` over keys read from the quantised caches as stored (spec §8): per query row t its
-    window keys are ``fp8_window`` records window_cache[window_slots[t]] (528 B at D = 512) and its selected
-    compressed entries ``nvfp4`` records compressed_cache[compressed_slots[t]] (288 B); slot -1 = unused.
+    """``sparse_attention`` over keys read from the quantised caches as stored (docs/model.md#cache-records): per
+    query row t its window keys are ``fp8_window`` records window_cache[window_slots[t]] (528 B at D = 512) and its
+    selected compressed entries ``nvfp4`` records compressed_cache[compressed_slots[t]] (288 B); slot -1 = unused.
 
     q [T, H, D]; window_slots [T, W], compressed_slots [T, C]; sink [H] -> [T, H, D] in q's dtype. The caches
     may be row-strided views (an engine's cache row holds more than the record). A decode kernel that reads the

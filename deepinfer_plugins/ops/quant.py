@@ -1,8 +1,8 @@
 """Quantisation boundaries of DeepSeek-V4.1: reference quantise / dequantise ops.
 
 V4.1 was trained quantisation-aware, so these fake-quant steps are part of the model function and a faithful
-BF16/FP32 forward must apply them (spec §8). Each op works on the last dimension in blocks and computes in
-float32; the result has the input's dtype. Kernels in every backend must match these bit for bit.
+BF16/FP32 forward must apply them (docs/model.md#cache-records). Each op works on the last dimension in blocks
+and computes in float32; the result has the input's dtype. Kernels in every backend must match these bit for bit.
 
 Formats:
   * FP8 E4M3, block 32, UE8M0 (power-of-two) scale: window KV and dense checkpoint weights (32x32 blocks).

@@ -1,9 +1,10 @@
-"""SGLang integration: translation only (style example 1). The model math lives in models/deepseek_v41.
+"""SGLang integration: translation only (docs/architecture.md#one-copy-of-the-model-math). The model math lives
+in models/deepseek_v41.
 
-register.py   the ``sglang.srt.plugins`` entry point (architectures, the DEEPINFER_DSPARK algorithm, patches)
+register.py   the ``sglang.srt.plugins`` entry point (architectures, patches)
 model.py      SGLang model class: ForwardBatch + req_to_token slots -> SequenceChunk / SequenceState
-spec_decode.py DEEPINFER_DSPARK worker and its server-args validation
-patches/      one file per patch to SGLang, with a ledger in patches/__init__.py (style example 7)
+spec_decode.py TARGET_VERIFY logits -> DSpark verification (no speculative algorithm is registered)
+patches/      one file per patch to SGLang, with a ledger in patches/__init__.py
 
 Nothing here imports sglang at package import time.
 """

@@ -1,6 +1,7 @@
 """SGLang model class for DeepSeek-V4.1-Flash: translates SGLang's batch and KV slots onto the core model.
 
-No model math here (style example 1): the network is ``deepinfer_plugins.models.deepseek_v41``; this file maps
+No model math here (docs/architecture.md#one-copy-of-the-model-math): the network is
+``deepinfer_plugins.models.deepseek_v41``; this file maps
   * SGLang's ``ForwardBatch`` (forward mode, per-request row counts, ``positions``, ``req_pool_indices``,
     ``out_cache_loc``) onto ``SequenceChunk``s of the core's ``forward_chunks``;
   * SGLang's KV slots (``req_to_token[req_pool_idx, pos]``, the same indices its allocator, radix cache and
@@ -34,22 +35,19 @@ are returned), tensor / pipeline parallelism (the core model is single-device), 
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..models.deepseek_v41 import CheckpointError, ConfigError, ModelArgs, SequenceChunk
+from ..models.deepseek_v41 import ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, EntryCount,
                                              ranges_rows, window_positions)
+from ..models.deepseek_v41.loader import attach_engram_token_map, load_weights, new_model
 from ..ops import cache_write
 from ..ops.cache import record_bytes, to_device
-from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, check_tensor
-
-logger = logging.getLogger(__name__)
 
 
 # ---- config ------------------------------------------------------------------------------------------------
@@ -258,51 +256,17 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         self.config = config
         self.args = model_args_from_sglang_config(config)
         dtype = torch.get_default_dtype()  # SGLang sets it to the served dtype around model construction
-        param_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32  # as the core loader does
-        self.model = CoreModel(self.args, dtype=dtype, param_dtype=param_dtype)
+        self.model = new_model(CoreModel, self.args, dtype)
         self.store: SlotStore | None = None
         self.checkpoint_dir = getattr(config, "_name_or_path", None)
 
     # ---- weights ------------------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Official-name tensors -> the core's parameters (strict: every tensor checked before any is assigned)."""
-        expected = self.model.state_dict()
-        device = self.model.embed.weight.device
-        drafter_built = any(n.startswith("mtp.") for n in expected)
-        state: dict[str, torch.Tensor] = {}
-        skipped = 0
-        for name, tensor in weights:
-            if name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and not drafter_built):
-                skipped += 1
-                continue
-            if name not in expected:
-                raise CheckpointError(f"unexpected tensor {name!r} from SGLang's weight iterator: not part of "
-                                      "the model the config describes")
-            check_tensor(name, "the checkpoint", tensor.shape, tensor.dtype, expected[name])
-            state[name] = tensor
-        missing = sorted(set(expected) - set(state))
-        if missing:
-            raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total) in the "
-                                  "checkpoint SGLang loaded")
-        if skipped:
-            logger.info("deepinfer: skipped %d vision / drafter tensors not built into the SGLang model", skipped)
-        self.model.load_state_dict(state, strict=True, assign=True)  # as loader.load_model does
-        self.model.to(device).finish_loading()
-        self._load_engram_token_map()
-        return set(state)
-
-    def _load_engram_token_map(self) -> None:
-        if not self.args.engram_layer_ids or self.model.hasher.identity_map:
-            return
-        from tokenizers import Tokenizer
-
-        from ..models.deepseek_v41.engram import compressed_token_map
-
-        file = Path(self.checkpoint_dir or ".") / "tokenizer.json"
-        if not file.exists():
-            raise CheckpointError(f"{file.parent}: Engram needs tokenizer.json to build its compressed token map")
-        self.model.hasher.set_token_map(compressed_token_map(Tokenizer.from_file(str(file)),
-                                                             self.args.engram_compressed_vocab_size))
+        """Official-name tensors -> the core's parameters, through the core's ``load_weights``."""
+        loaded = load_weights(self.model, weights, "the checkpoint SGLang loaded")
+        self.model.finish_loading()
+        attach_engram_token_map(self.model, Path(self.checkpoint_dir or "."))
+        return loaded
 
     # ---- forward ------------------------------------------------------------------------------------------
     def slot_store(self, num_slots: int) -> SlotStore:

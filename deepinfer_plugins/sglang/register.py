@@ -9,11 +9,12 @@ DP controller) and then applies the hooks plugins queued. ``register()`` is idem
   config, so taking it over also needs patches/patch_v41_architecture_name.py (queued here, same switch).
   With the switch set, V4.1 checkpoints go to upstream's class, and ours stays selectable with
   ``--json-model-override-args '{"architectures": ["DeepInferDeepseekV41ForCausalLM"]}'``.
-* the speculative algorithm ``DEEPINFER_DSPARK`` (``--speculative-algorithm DEEPINFER_DSPARK``), distinct from
-  upstream's ``DSPARK``, through ``SpeculativeAlgorithm.register``; worker and validation in spec_decode.py.
+* no speculative algorithm: DeepInfer's DSpark has no worker for SGLang's scheduler, so none is offered, and
+  patches/patch_unavailable_spec_algorithm.py turns ``--speculative-algorithm DEEPINFER_DSPARK`` into an error
+  that names what works instead (DSpark on vLLM; upstream's ``DSPARK``).
 
 SGLang's model registry holds classes, not ``"module:Class"`` strings, so our model class (torch plus the
-core model, no SGLang layers) is imported here; the worker is imported only when SGLang builds it.
+core model, no SGLang layers) is imported here.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from __future__ import annotations
 import logging
 
 from .. import envs
-from .names import SPEC_ALGORITHM, V41_ARCH
 
 logger = logging.getLogger(__name__)
 
 KEEP_UPSTREAM_ENV = "DEEPINFER_SGLANG_KEEP_UPSTREAM"
+V41_ARCH = "DeepseekV41ForCausalLM"
 
 _registered = False
 
@@ -36,15 +37,14 @@ def register() -> None:
         return
     upstream = envs.keep_upstream_sglang()
     archs = register_models(upstream)
-    if not upstream:
-        from .patches import register_v41_architecture_name_hook
+    from .patches import register_unavailable_spec_algorithm_hook, register_v41_architecture_name_hook
 
+    if not upstream:
         register_v41_architecture_name_hook()
-    register_spec_algorithm()
+    register_unavailable_spec_algorithm_hook()
     _registered = True
-    logger.info("deepinfer: registered SGLang architectures %s (%s), speculative algorithm %s",
-                ", ".join(archs), "upstream keeps DeepseekV41ForCausalLM" if upstream
-                else "DeepseekV41ForCausalLM -> DeepInfer", SPEC_ALGORITHM)
+    logger.info("deepinfer: registered SGLang architectures %s (%s)", ", ".join(archs),
+                "upstream keeps DeepseekV41ForCausalLM" if upstream else "DeepseekV41ForCausalLM -> DeepInfer")
 
 
 def register_models(keep_upstream_v41: bool) -> list[str]:
@@ -65,18 +65,3 @@ def register_models(keep_upstream_v41: bool) -> list[str]:
     ModelRegistry.models.update(wanted)
     return list(wanted)
 
-
-def register_spec_algorithm() -> None:
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
-
-    if get_spec(SPEC_ALGORITHM) is not None:  # registered by an earlier import of this module in this process
-        return
-    from .spec_decode import DeepInferDSparkAlgo, validate_server_args
-
-    @SpeculativeAlgorithm.register(SPEC_ALGORITHM, supports_overlap=False,
-                                   validate_server_args=validate_server_args, spec_class=DeepInferDSparkAlgo)
-    def _worker_class(server_args):
-        from .spec_decode import DeepInferDSparkWorker
-
-        return DeepInferDSparkWorker

@@ -15,10 +15,10 @@ of owners (registered in ``static_forward_context`` so the runner finds them), a
     can resume at any position (prefix-cache hit, chunked prefill, recompute after preemption, or a speculative
     step whose last tokens were rejected) and rebuild its open group from vLLM's memory alone, and the window
     keeps that state bounded per request instead of growing with the sequence.
-The records are the byte images of ops/cache.py, written by ``ops.cache_write`` and read by the attention kernel
-as stored (``ops.sparse_attention_records`` takes the row-strided record columns of these tables), so a token
-costs what spec §8.4 budgets instead of float copies. Every owner's page is the window page (row widths are
-power-of-two multiples of the window row, blocks hold proportionally fewer or more tokens), so vLLM puts all
+The records are the byte images of ops/cache.py, written by ``ops.cache_write`` and read by the attention kernel as
+stored (``ops.sparse_attention_records`` takes the row-strided record columns of these tables), so a token costs
+what docs/model.md#cache-records budgets instead of float copies. Every owner's page is the window page (row widths
+are power-of-two multiples of the window row, blocks hold proportionally fewer or more tokens), so vLLM puts all
 caches in one pool without growing any group's blocks.
 """
 

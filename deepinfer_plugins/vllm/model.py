@@ -29,7 +29,7 @@ from vllm.forward_context import get_forward_context
 from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions, ranges_rows
-from ..models.deepseek_v41.loader import SKIPPED_PREFIXES, CheckpointError, attach_engram_token_map, check_tensor
+from ..models.deepseek_v41.loader import attach_engram_token_map, load_weights, new_model
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
 from ..models.deepseek_v41.sharding import shard_blocks
 from ..ops.cache import to_device
@@ -91,10 +91,9 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         self.tensor_parallel = vllm_config.parallel_config.tensor_parallel_size
         self.args = ModelArgs.from_file(Path(model_config.model))
         dtype = model_config.dtype
-        param_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
         self.num_speculative_tokens = dspark_tokens(vllm_config)
         with_drafter = self.num_speculative_tokens > 0
-        self.model = DeepseekV41ForCausalLM(self.args, dtype=dtype, param_dtype=param_dtype, with_drafter=with_drafter)
+        self.model = new_model(DeepseekV41ForCausalLM, self.args, dtype, with_drafter)
         attach_engram_token_map(self.model, Path(model_config.tokenizer))
         self.window_caches, self.compressed_caches, self.input_caches = make_cache_owners(self.args, vllm_config,
                                                                                           prefix)
@@ -149,23 +148,9 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         return self.model.compute_logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Official checkpoint names -> ``model.<name>``; vision/image tensors are skipped, and the drafter
-        (``mtp.*``) unless DSpark speculation is configured."""
-        targets = self.model.state_dict(keep_vars=True)  # official names; routed experts as views of their stacks
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and self.model.drafter is None):
-                continue
-            if name not in targets:
-                raise CheckpointError(f"unexpected tensor {name!r}: not part of the model the config describes")
-            target = targets[name]
-            check_tensor(name, "the checkpoint", tensor.shape, tensor.dtype, target)
-            with torch.no_grad():
-                target.copy_(tensor)
-            loaded.add(name)
-        missing = sorted(set(targets) - loaded)
-        if missing:
-            raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total)")
+        """Official checkpoint names -> ``model.<name>``, through the core's ``load_weights`` (which skips the
+        vision/image tensors, and the drafter's ``mtp.*`` unless DSpark speculation is configured)."""
+        load_weights(self.model, weights, "the checkpoint vLLM loaded")
         if self.tensor_parallel > 1:
             from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
 

@@ -6,9 +6,9 @@ Guarantees (each test names the SGLang code path it goes through):
   * the tiny V4.1 checkpoint's config, loaded by SGLang's config loader, resolves through SGLang's
     ``get_model_architecture`` to DeepInfer's class, and to upstream's ``DeepseekV4ForCausalLM`` with
     ``DEEPINFER_SGLANG_KEEP_UPSTREAM=1``;
-  * ``SpeculativeAlgorithm.from_string("DEEPINFER_DSPARK")`` is ours; SGLang's server-args resolution accepts
-    ``--speculative-algorithm DEEPINFER_DSPARK`` (our validation sets the verify window) and rejects bad
-    combinations with our error;
+  * no speculative algorithm is registered: ``DEEPINFER_DSPARK`` is not in SGLang's registry, and SGLang's
+    server-args resolution of ``--speculative-algorithm DEEPINFER_DSPARK`` fails with our error naming what
+    works instead;
   * the SGLang model class builds from SGLang's config object, loads the checkpoint through ``load_weights``
     fed by SGLang's safetensors iterator, and its logits for real ``ForwardBatch``es (EXTEND of two requests,
     chunked EXTEND, a radix-style shared prefix, DECODE, TARGET_VERIFY and a rollback) equal the core model's.
@@ -71,24 +71,38 @@ import deepinfer_plugins.sglang.register as reg
 cls, arch = get_model_architecture(ModelConfig({ckpt!r}))
 direct = ModelRegistry.resolve_model_cls(["DeepseekV41ForCausalLM"])[0]
 ours = ModelRegistry.resolve_model_cls(["DeepInferDeepseekV41ForCausalLM"])[0]
-algo = SpeculativeAlgorithm.from_string("deepinfer_dspark")
+from sglang.srt.speculative.spec_registry import get_spec
+try:
+    SpeculativeAlgorithm.from_string("deepinfer_dspark")
+    refusal = None
+except ValueError as exc:
+    refusal = dict(error=type(exc).__name__, message=str(exc))
 reg.register()  # a second call must be a no-op
 print(json.dumps(dict(cls=cls.__module__ + "." + cls.__name__, arch=arch,
                       direct=direct.__module__ + "." + direct.__name__, ours=ours.__module__ + "." + ours.__name__,
-                      algo=type(algo).__module__ + "." + type(algo).__name__, algo_name=algo.name,
-                      is_dspark=algo.is_dspark(), registered=reg._registered)))
+                      spec=get_spec("DEEPINFER_DSPARK") is not None, refusal=refusal, eagle=str(
+                          SpeculativeAlgorithm.from_string("EAGLE")), registered=reg._registered)))
 """
 
 
-def test_plugin_loader_registers_model_and_algorithm(checkpoint):
+def assert_refused(refusal: dict) -> None:
+    """Asking for DEEPINFER_DSPARK fails with our error, which names the working alternatives."""
+    assert refusal["error"] == "UnavailableAlgorithmError", refusal
+    for hint in ("without --speculative-algorithm", "vLLM", "--speculative-algorithm DSPARK",
+                 "DEEPINFER_SGLANG_KEEP_UPSTREAM=1"):
+        assert hint in refusal["message"], (hint, refusal["message"])
+
+
+def test_plugin_loader_registers_the_model_and_no_algorithm(checkpoint):
     out = run_sglang(RESOLVE.format(ckpt=str(checkpoint)))
     assert out["registered"] is True
     assert out["arch"] == "DeepseekV41ForCausalLM"
     assert out["cls"] == "deepinfer_plugins.sglang.model.DeepseekV41ForCausalLM"
     assert out["direct"] == "deepinfer_plugins.sglang.model.DeepseekV41ForCausalLM"
     assert out["ours"] == "deepinfer_plugins.sglang.model.DeepInferDeepseekV41ForCausalLM"
-    assert out["algo"] == "deepinfer_plugins.sglang.spec_decode.DeepInferDSparkAlgo"
-    assert out["algo_name"] == "DEEPINFER_DSPARK" and out["is_dspark"] is False
+    assert out["spec"] is False
+    assert_refused(out["refusal"])
+    assert out["eagle"] == "SpeculativeAlgorithm.EAGLE"  # other names reach SGLang unchanged
 
 
 def test_keep_upstream_switch_leaves_v41_to_sglang(checkpoint):
@@ -98,7 +112,8 @@ def test_keep_upstream_switch_leaves_v41_to_sglang(checkpoint):
     assert out["arch"] == "DeepseekV4ForCausalLM"
     assert out["cls"] == "sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM"
     assert out["ours"] == "deepinfer_plugins.sglang.model.DeepInferDeepseekV41ForCausalLM"
-    assert out["algo_name"] == "DEEPINFER_DSPARK"
+    assert out["spec"] is False
+    assert_refused(out["refusal"])
 
 
 def test_plugin_not_loaded_when_filtered_out(checkpoint):
@@ -114,60 +129,28 @@ def test_plugin_not_loaded_when_filtered_out(checkpoint):
 
 SERVER_ARGS = """
 from sglang.srt.server_args import prepare_server_args
-from sglang.srt.arg_groups.overrides import resolving_view
 results = {{}}
 for name, extra in {cases!r}.items():
-    args = prepare_server_args(["--model-path", {ckpt!r}, "--device", "cpu",
-                                "--speculative-algorithm", "DEEPINFER_DSPARK", *extra])
     try:
+        args = prepare_server_args(["--model-path", {ckpt!r}, "--device", "cpu",
+                                    "--speculative-algorithm", "DEEPINFER_DSPARK", *extra])
         args.resolve_once()
+        results[name] = None
     except Exception as exc:
         results[name] = dict(error=type(exc).__name__, message=str(exc))
-        continue
-    r = resolving_view(args)
-    results[name] = dict(algorithm=r.speculative_algorithm, draft_tokens=r.speculative_num_draft_tokens,
-                         block=r.speculative_dspark_block_size, no_overlap=r.disable_overlap_schedule)
 print(json.dumps(results))
 """
 
 
-def test_server_args_accept_and_validate(checkpoint):
-    cases = {
-        "default": [],
-        "block4": ["--speculative-dspark-block-size", "4"],
-        "steps": ["--speculative-num-steps", "3"],
-        "topk": ["--speculative-eagle-topk", "4"],
-        "window": ["--speculative-dspark-block-size", "4", "--speculative-num-draft-tokens", "3"],
-        "draft_model": ["--speculative-draft-model-path", str(checkpoint)],
-    }
+def test_server_args_refuse_the_algorithm(checkpoint):
+    """SGLang's own server-args resolution of ``--speculative-algorithm DEEPINFER_DSPARK`` fails with our error,
+    whatever DSpark flags come with it."""
+    cases = {"default": [], "block4": ["--speculative-dspark-block-size", "4"],
+             "window": ["--speculative-num-draft-tokens", "5"]}
     out = run_sglang(SERVER_ARGS.format(cases=cases, ckpt=str(checkpoint)))
-    gamma = json.loads((checkpoint / "config.json").read_text())["text_config"]["dspark_block_size"]
-    assert out["default"] == dict(algorithm="DEEPINFER_DSPARK", draft_tokens=gamma + 1, block=gamma, no_overlap=True)
-    assert out["block4"] == dict(algorithm="DEEPINFER_DSPARK", draft_tokens=5, block=4, no_overlap=True)
-    for bad, flag in (("steps", "--speculative-num-steps"), ("topk", "--speculative-eagle-topk"),
-                      ("window", "--speculative-num-draft-tokens"), ("draft_model", "--speculative-draft-model-path")):
-        assert out[bad]["error"] == "DSparkArgsError", out[bad]
-        assert flag in out[bad]["message"] and "DEEPINFER_DSPARK" in out[bad]["message"]
-
-
-def test_worker_refuses_to_start_with_a_clear_message(checkpoint):
-    """The scheduler-side worker is not implemented: SGLang's create_worker hands back a class that refuses."""
-    out = run_sglang(f"""
-        from sglang.srt.server_args import prepare_server_args
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        args = prepare_server_args(["--model-path", {str(checkpoint)!r}, "--device", "cpu",
-                                    "--speculative-algorithm", "DEEPINFER_DSPARK"])
-        args.resolve_once()
-        worker_cls = SpeculativeAlgorithm.from_string("DEEPINFER_DSPARK").create_worker(args)
-        try:
-            worker_cls(server_args=args, gpu_id=0, nccl_port=0, target_worker=None)
-            msg = None
-        except NotImplementedError as exc:
-            msg = str(exc)
-        print(json.dumps(dict(worker=worker_cls.__name__, message=msg)))
-        """)
-    assert out["worker"] == "DeepInferDSparkWorker"
-    assert out["message"] and "not implemented" in out["message"]
+    for case in cases:
+        assert out[case] is not None, case
+        assert_refused(out[case])
 
 
 # ---- the model adapter against the core model (in process) ---------------------------------------------------

@@ -54,7 +54,7 @@ def test_full_config_caches_are_records_with_one_page_size(block_size):
         assert owner.spec.sliding_window == 2 and owner.spec.head_size >= 2 * 512 * 4 + 4
 
     persistent = sum(o.spec.head_size / int(r) for r, o in compressed.items())
-    assert persistent == 1088 / 2 + 544 == 1088  # bytes per token of context; spec §8.4's unpadded budget is 890
+    assert persistent == 1088 / 2 + 544 == 1088  # bytes per token of context; docs/model.md's unpadded budget is 890
 
 
 @pytest.mark.parametrize("preset", ["tiny", "full"])

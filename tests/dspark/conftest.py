@@ -1,4 +1,4 @@
-"""The tiny model (spec §13.1, seed 0) with its DSpark drafter, in float64 activations.
+"""The tiny model (preset tiny-vocab256, seed 0) with its DSpark drafter, in float64 activations.
 
 Exactness tests (rollback, greedy speculative == generate) run in float64: in fp32 the same math batched into
 differently sized matmuls rounds differently in the last bit, and the indexer's relu scores and the routers

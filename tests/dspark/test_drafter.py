@@ -1,6 +1,6 @@
-"""The DSpark drafter as the V4.1 checkpoint stores it (``mtp.0..N-1``), on the spec §13.1 tiny model.
+"""The DSpark drafter as the V4.1 checkpoint stores it (``mtp.0..N-1``), on the tiny model.
 
-Guarantees: the drafter's tensors have exactly the spec §11 names and shapes and round-trip through
+Guarantees: the drafter's tensors have exactly the checkpoint's names and shapes and round-trip through
 write_random_checkpoint -> from_pretrained (auto-detected, or refused by name when incomplete); the draft
 stages are SWA-only with the main RoPE and the draft MoE sizes; a block is non-causal inside and sees only the
 ``sliding_window`` context positions before the anchor; the Markov head is sequential (slot k's token and

@@ -1,4 +1,4 @@
-"""The engine-facing drafting call (dspark/engine_api.py) on the spec §13.1 tiny model.
+"""The engine-facing drafting call (dspark/engine_api.py) on the tiny model.
 
 Guarantees: one ``step`` over several requests drafts what per-request steps draft; features fed in pieces,
 or appended for all verified rows and then rolled back, give the drafts of feeding the accepted rows only;

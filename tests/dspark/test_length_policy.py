@@ -1,4 +1,4 @@
-"""Verify-length policies: Algorithm A matches a line-by-line transcription of spec §3.3 and has
+"""Verify-length policies: Algorithm A matches a line-by-line transcription of the paper's Algorithm 1 and has
 the listed properties (prefix contiguity, extremes, ties, caps, Θ ≥ fixed-k when unimodal,
 non-anticipation on the Appendix-A case); input errors behave. Algorithm B (what the vLLM proposer
 runs) finds the global optimum of a jagged cost, budgets from its history and agrees with A where
@@ -16,7 +16,7 @@ from deepinfer_plugins.dspark.cost_model import CostTable
 
 
 def reference_algorithm_a(conf, cost, max_batch_tokens=None):
-    """Spec §3.3 pseudo-code, transcribed loop by loop."""
+    """The paper's Algorithm 1 (docs/dspark.md#scheduling), transcribed loop by loop."""
     R = len(conf)
     entries = []
     for r, row in enumerate(conf):

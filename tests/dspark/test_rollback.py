@@ -1,4 +1,4 @@
-"""Exact cache rollback on the spec §13.1 tiny model (SequenceCache.rollback, DraftState.rollback).
+"""Exact cache rollback on the tiny model (SequenceCache.rollback, DraftState.rollback).
 
 Guarantees: running extra tokens and rolling them back leaves a cache that decodes exactly like one that never
 saw them: same logits (1e-4 on fp32, identical argmax), across the 8-token window, ratio-2 groups cut in the

@@ -1,4 +1,4 @@
-"""The reference speculative loop (dspark/speculative.py) on the spec §13.1 tiny model with its random drafter.
+"""The reference speculative loop (dspark/speculative.py) on the tiny model with its random drafter.
 
 Guarantees: greedy speculative decoding is token-identical to ``generate()`` for several prompts, 60 new
 tokens (crossing the 8-token window and many compression groups), with fixed verify lengths 3 (and 1) and with

@@ -1,4 +1,4 @@
-"""Cache-exact decoding on the spec §13.1 tiny model.
+"""Cache-exact decoding on the tiny model (preset tiny-vocab256).
 
 Guarantees: incremental decode (after a 20-token prefill, 68 single-token steps that cross the 8-token window
 and every ratio-1/ratio-2 compression boundary many times) gives the full-sequence logits, chunked prefill

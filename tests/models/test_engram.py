@@ -1,4 +1,4 @@
-"""Engram's tokenizer-derived token map (spec §7.1) on the real V4 vocabulary.
+"""Engram's tokenizer-derived token map (docs/model.md#token-map) on the real V4 vocabulary.
 
 The released config says the map has 99092 classes (engram_compressed_vocab_size); an independent fact that
 our normalisation must reproduce exactly. That it also equals NeMo AutoModel's map id for id, and gives the same

@@ -1,4 +1,5 @@
-"""Cache-record references: record sizes of spec §8 and unpack(pack(x)) == the matching fake-quant, bit for bit."""
+"""Cache-record references: record sizes of docs/model.md#cache-records, and unpack(pack(x)) == the matching
+fake-quant, bit for bit."""
 
 import pytest
 import torch

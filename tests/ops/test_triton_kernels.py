@@ -445,7 +445,7 @@ def test_router_selects_the_same_experts(top_k, gen):
 def test_engram_hash_is_exact_with_int64_wraparound(gen):
     toks = torch.randint(0, 99092, (11, 4), generator=gen)
     toks[0] = 2  # pad ids
-    mult = torch.tensor([76632096046245, 4839876093313, 35959672319349, 73987337458391])  # spec §7.2, layer 1
+    mult = torch.tensor([76632096046245, 4839876093313, 35959672319349, 73987337458391])  # docs/model.md#hash, layer 1
     primes = torch.tensor([16000057, 16000079, 16000081, 16000097, 16000103, 16000109, 16000121, 16000139]).repeat(3, 1)
     offsets = (primes.flatten().cumsum(0) - primes.flatten()).view(3, 8)
     assert_bits_equal(misc.engram_hash(toks, mult, primes, offsets), ops.engram_hash.reference(toks, mult, primes, offsets))

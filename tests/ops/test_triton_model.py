@@ -1,4 +1,4 @@
-"""The tiny V4.1 model (spec §13.1, preset tiny-vocab256, seed 0) with every op that has a Triton kernel forced
+"""The tiny V4.1 model (preset tiny-vocab256, seed 0) with every op that has a Triton kernel forced
 to Triton (interpreter) gives the reference backend's logits.
 
 Tolerance: 2e-3 absolute on fp32 logits of magnitude ~1 and the same argmax. Quantisers, RoPE and top-k are

@@ -7,7 +7,7 @@ deepinfer's checkpoint writer). Run with the oracle interpreter:
     .venv-oracle/bin/python tests/oracle/make_nemo_checkpoint.py --out /tmp/v41_tiny [--seed 0]
 
 What it does:
-1. builds NeMo's ``DeepseekV41ForCausalLM`` for the spec §13.1 tiny config (vision tower
+1. builds NeMo's ``DeepseekV41ForCausalLM`` for the tiny-vocab256 config (vision tower
    included) purely to obtain the exact set of tensor names/shapes, and exports them
    with NeMo's state-dict adapter (``to_hf``, no quantisation) under official names;
 2. re-draws every tensor with this script's own seeded RNG (well-conditioned scales,

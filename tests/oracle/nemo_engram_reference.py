@@ -5,9 +5,9 @@
         --config CONFIG_JSON_OR_CKPT_DIR [--tokenizer DIR | --identity-map] \
         [--token-map-out MAP.npy] [--ids IDS_JSON --hashes-out HASHES.npy]
 
-* ``MAP.npy``: int64 [len(tokenizer)] compressed token id of every raw token id (spec §7.1).
+* ``MAP.npy``: int64 [len(tokenizer)] compressed token id of every raw token id (docs/model.md#token-map).
 * ``HASHES.npy``: int64 [T, n_engram_layers, (max_ngram-1)*n_heads] logical table rows for one
-  sequence (spec §7.2), in NeMo's column order (order 2 heads, order 3 heads, ...).
+  sequence (docs/model.md#hash), in NeMo's column order (order 2 heads, order 3 heads, ...).
 Also prints the per-layer primes, offsets and multipliers. Needs no checkpoint weights.
 """
 

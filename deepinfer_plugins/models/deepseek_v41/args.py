@@ -89,14 +89,16 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     dtype: str = "bfloat16"
     quantization_config: dict | None = None
-    # Switches for facts the public sources leave uncertain (spec §12); defaults follow the spec's advice.
+    # Switches for facts the public sources leave uncertain
+    # (docs/architecture.md#switches-for-what-public-sources-leave-uncertain).
     q_head_norm: bool = False
-    """V4's weightless per-head q RMSNorm. Both ports of the V4.1 reference omit it (spec §5.1)."""
+    """V4's weightless per-head q RMSNorm. Both ports of the V4.1 reference omit it (docs/model.md#attention)."""
     clamp_shared_expert: bool = False
-    """Apply the SwiGLU clamp to the shared expert too. Ports disagree (spec §6.3): NeMo clamps both, a
+    """Apply the SwiGLU clamp to the shared expert too. Ports disagree (docs/model.md#moe): NeMo clamps both, a
     third-party engine states the official code clamps routed experts only; we follow the spec's advice."""
     dspark_feature_reduction: str = "mean"
-    """How the drafter reduces the 4 residual streams of each target layer (spec §10: vLLM uses the mean)."""
+    """How the drafter reduces the 4 residual streams of each target layer (vLLM uses the mean;
+    docs/dspark.md#the-v41-drafter)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -198,7 +200,7 @@ class ModelArgs:
     # ---- derived sizes ---------------------------------------------------------------------------------
     @property
     def role_names(self) -> list[str]:
-        """Per-layer role: swa, full, reindex or reuse (spec §3.1 terminology)."""
+        """Per-layer role: swa, full, reindex or reuse (docs/model.md#layers-and-roles)."""
         roles = []
         for i, ratio in enumerate(self.layer_ratios):
             if ratio == 0:
@@ -266,7 +268,8 @@ class ModelArgs:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "ModelArgs":
-        """Named configs next to each other: 'full' (the release), 'tiny' and 'tiny-vocab256' (spec §13.1), 'small'."""
+        """Named configs next to each other: 'full' (the release), 'tiny' and 'tiny-vocab256'
+        (docs/model.md#test-configurations), 'small'."""
         return cls.from_hf_config(preset_config(name), **overrides)
 
 
@@ -303,7 +306,7 @@ def engram_primes(args: ModelArgs) -> list[list[int]]:
 
 
 def engram_multipliers(layer_id: int, compressed_vocab: int, count: int) -> list[int]:
-    """Odd per-layer hash multipliers, seeded by the layer id (spec §7.2)."""
+    """Odd per-layer hash multipliers, seeded by the layer id (docs/model.md#hash)."""
     rng = np.random.default_rng(10007 * layer_id)
     u = rng.integers(0, (INT64_MAX // compressed_vocab) // 2, size=count, dtype=np.int64)
     return [int(2 * v + 1) for v in u]

@@ -2,8 +2,8 @@
 
 Every layer attends to the last ``sliding_window`` positions of its own FP8 latent (K = V). Layers with a
 compression ratio also attend to ``index_topk`` entries of the compressed KV published by the latest KV-source
-layer, chosen by the latest index-source layer (spec §3.1 roles: full = KV + index source, reindex = index source,
-reuse = neither). Output: inverse RoPE, then the grouped low-rank projection ``wo_a`` / ``wo_b``.
+layer, chosen by the latest index-source layer (docs/model.md#layers-and-roles: full = KV + index source, reindex =
+index source, reuse = neither). Output: inverse RoPE, then the grouped low-rank projection ``wo_a`` / ``wo_b``.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def store_of(chunks: list[SequenceChunk], window: int) -> BatchStore:
 
 
 def rope_inv_freq(args: ModelArgs, ratio: int) -> torch.Tensor:
-    """RoPE frequencies: base theta for SWA-only layers; compress theta with YaRN for ratio > 0 (spec §5.5)."""
+    """RoPE frequencies: base theta for SWA-only layers; compress theta with YaRN for ratio > 0 (docs/model.md#rope)."""
     rd = args.qk_rope_head_dim
     theta = args.compress_rope_theta if ratio else args.rope_theta
     freqs = 1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd)
@@ -131,7 +131,7 @@ def rope_inv_freq(args: ModelArgs, ratio: int) -> torch.Tensor:
 
 
 class Compressor(nn.Module):
-    """CSA2 compressor of a KV-source layer: one entry per ``ratio`` tokens (spec §5.4).
+    """CSA2 compressor of a KV-source layer: one entry per ``ratio`` tokens (docs/model.md#csa2-compressor).
 
     Ratio 1: entry = norm(wkv(x)). Ratio 2: per channel, a softmax over the two tokens of the group of wgate(x)
     weights wkv(x), in fp32, then norm. No overlap between groups and no position embedding.
@@ -239,7 +239,7 @@ class Attention(nn.Module):
                                              for first, count in zip(entries_before, counts)]), x.device)
         keys = self.indexer.index_keys(latents, positions, self.rotate)
         store.publish_entries(self.layer_id, self.rotate(latents, positions), keys, counts, open_groups,
-                              chunks)  # the store writes nvfp4 / mxfp4 records (spec §8.2, §8.3)
+                              chunks)  # the store writes nvfp4 / mxfp4 records
 
     # ---- forward -----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:

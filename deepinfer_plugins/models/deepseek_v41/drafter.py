@@ -44,7 +44,8 @@ from .sampling import processed_probs
 
 class DraftState:
     """One sequence's drafter state: per stage, a ring of context keys by position, for positions < num_tokens,
-    stored as fp8_window records like the target's window (spec V4.1 §11: each stage's own FP8 cache).
+    stored as fp8_window records like the target's window (each stage has its own FP8 cache:
+    docs/model.md#checkpoint-names-and-formats).
 
     num_tokens is the number of positions whose target features have been appended, so the next block's slot
     0 (the anchor) sits at position num_tokens. ``max_rollback`` extra ring rows let ``rollback`` forget that
@@ -127,7 +128,7 @@ class ConfidenceHead(nn.Module):
 
 class DraftStage(Block):
     """A full block at config layer id num_hidden_layers + stage; stage 0 also owns the context combiner, the
-    last stage the output heads (names as in the checkpoint, spec V4.1 §11)."""
+    last stage the output heads (names as in the checkpoint)."""
 
     def __init__(self, args: ModelArgs, stage: int, dtype: torch.dtype):
         layer_id = args.num_hidden_layers + stage

@@ -1,8 +1,8 @@
 """Engram conditional memory: n-gram hashed lookups into large FP8 tables, gated into every residual stream.
 
-Hashes depend only on token ids (spec §7.2), so they are computed once per forward for all Engram layers,
+Hashes depend only on token ids (docs/model.md#hash), so they are computed once per forward for all Engram layers,
 before any layer runs; the tables could live in host memory and be prefetched. The gate compares each stream
-with a learned key of the looked-up memory and adds the memory's value where they agree (spec §7.3).
+with a learned key of the looked-up memory and adds the memory's value where they agree (docs/model.md#gate).
 """
 
 from __future__ import annotations
@@ -104,9 +104,9 @@ _SPACE_SENTINEL = "\ue000"
 
 @functools.lru_cache(maxsize=1)
 def _token_text_normalizer():
-    """Spec §7.1 with the ``tokenizers`` library's own normalizers, whose notions of accents (every combining
-    mark) and of stripping (space-like characters only, not ASCII control characters) the released token map
-    was built with; Python's ``unicodedata`` / ``str.strip`` give 1,364 different keys on the V4 vocabulary."""
+    """The normalisation of docs/model.md#token-map with the ``tokenizers`` library's own normalizers, whose
+    notions of accents (every combining mark) and of stripping (space-like characters only, not ASCII control
+    characters) the released token map was built with; Python's ``unicodedata`` / ``str.strip`` give 1,364 different keys on the V4 vocabulary."""
     from tokenizers import Regex, normalizers
 
     return normalizers.Sequence([
@@ -122,7 +122,8 @@ def normalize_token_text(text: str) -> str:
 
 
 def compressed_token_map(tokenizer, expected_size: int) -> torch.Tensor:
-    """token id -> compressed id, first-seen order over ids (spec §7.1); needs a ``tokenizers.Tokenizer``."""
+    """token id -> compressed id, first-seen order over ids (docs/model.md#token-map); needs a
+    ``tokenizers.Tokenizer``."""
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     by_id = {i: tok for tok, i in vocab.items()}
     keys: dict[str, int] = {}

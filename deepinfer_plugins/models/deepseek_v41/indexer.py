@@ -1,4 +1,5 @@
-"""Lightning indexer: picks, for each query, the ``index_topk`` compressed entries it attends to (spec §5.6).
+"""Lightning indexer: picks, for each query, the ``index_topk`` compressed entries it attends to
+(docs/model.md#indexer).
 
 Index-source layers score every visible entry with MXFP4 queries against MXFP4 keys. From the candidate-source
 layer on, selection is two-level: the candidate source keeps the best ``candidate_topk_blocks`` blocks of
@@ -35,7 +36,7 @@ class Indexer(nn.Module):
 
     def index_keys(self, latents: torch.Tensor, positions: torch.Tensor, rotate: Callable) -> torch.Tensor:
         """Keys of new compressed entries: k_norm(wk(latent)), rotated at the entry position (the cache stores
-        them as MXFP4 records, spec §8.3)."""
+        them as MXFP4 records, docs/model.md#cache-records)."""
         return rotate(self.k_norm(self.wk(latents)), positions)
 
     def queries(self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor,

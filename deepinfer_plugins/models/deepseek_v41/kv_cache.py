@@ -1,15 +1,15 @@
 """Per-sequence decoding state of V4.1, and the batch layout the model runs on.
 
-A sequence owns four kinds of state (spec §5, §7):
+A sequence owns four kinds of state (docs/model.md#attention, #engram):
   * a window ring per layer: the last ``sliding_window`` latents (K = V) as ``fp8_window`` records (528 B at
     head_dim 512) with their positions;
   * per KV-source layer, the shared compressed KV (``nvfp4`` records, 288 B) and its indexer keys (``mxfp4``
     records, 68 B), which grow by one entry per ``ratio`` tokens, plus the compressor inputs of a not yet
     complete group;
   * the last ``engram_max_ngram_size - 1`` token ids for Engram's n-gram hashes.
-Caches hold the byte records of ops/cache.py, written by ``ops.cache_write`` and read by the attention kernel
-as stored (``ops.sparse_attention_records``): the caches are the model's cache precision (spec §8) at its
-storage size, not float copies of it. Engines keep the same records in their own paged memory; they implement
+Caches hold the byte records of ops/cache.py, written by ``ops.cache_write`` and read by the attention kernel as
+stored (``ops.sparse_attention_records``): the caches are the model's cache precision (docs/model.md#cache-records)
+at its storage size, not float copies of it. Engines keep the same records in their own paged memory; they implement
 the ``SequenceState`` methods over it (see deepinfer_plugins/vllm), so the model code is identical in both places.
 
 Speculative decoding runs the target over drafted tokens and then drops the rejected ones, so a cache built
@@ -30,7 +30,7 @@ from ... import ops
 from ...ops.cache import record_bytes, to_device
 from .args import ModelArgs
 
-WINDOW_FORMAT, COMPRESSED_FORMAT, INDEX_KEY_FORMAT = "fp8_window", "nvfp4", "mxfp4"  # spec §8.1-8.3
+WINDOW_FORMAT, COMPRESSED_FORMAT, INDEX_KEY_FORMAT = "fp8_window", "nvfp4", "mxfp4"  # docs/model.md#cache-records
 
 
 class BatchStore(Protocol):

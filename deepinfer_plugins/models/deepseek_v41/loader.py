@@ -1,10 +1,13 @@
 """Load an official-format V4.1 checkpoint: nested config.json + sharded safetensors with the release's names.
 
-Module names mirror the official tensor names (spec §11), so the name table is the identity for the text
-model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image embeddings are
-skipped until the vision issue lands. Quantised tensors are taken as stored (see linear.py). Every problem
-raises ``CheckpointError`` naming the tensor and the shard, and nothing is half-loaded: the whole checkpoint is
-checked against the model before any tensor is assigned.
+Module names mirror the official tensor names (docs/model.md#checkpoint-names-and-formats), so the name table is the
+identity for the text model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image
+embeddings are skipped (the vision tower is not implemented). ``load_weights`` is the one loader: ``load_model``
+feeds it the shards, and the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the
+same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Every
+problem raises ``CheckpointError`` naming the tensor and the shard, and ``load_model`` returns no half-loaded model:
+the names are checked against the index before any shard is read, and a bad tensor raises before the model is
+returned.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -72,29 +76,81 @@ def check_tensor(name: str, file: str, tensor_shape, tensor_dtype, expected: tor
         raise CheckpointError(f"tensor {name!r} in {file}: dtype {tensor_dtype}, expected a floating dtype")
 
 
-def load_state_dict_checked(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    expected = model.state_dict()
-    weight_map = shard_map(path)
-    wanted = {n: f for n, f in weight_map.items() if not n.startswith(SKIPPED_PREFIXES)}
-    skipped = len(weight_map) - len(wanted)
-    if skipped:
-        logger.info("checkpoint: skipping %d vision / image tensors (the vision tower is not implemented yet)",
-                    skipped)
-    drafter_built = any(n.startswith("mtp.") for n in expected)
-    if not drafter_built:
-        wanted = {n: f for n, f in wanted.items() if not n.startswith("mtp.")}
-    unexpected = sorted(set(wanted) - set(expected))
+def skipped(name: str, model: torch.nn.Module) -> bool:
+    """Checkpoint tensors no engine loads: the vision tower and image embeddings (not implemented yet), and the
+    drafter's ``mtp.*`` when the model was built without it."""
+    return name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and getattr(model, "drafter", None) is None)
+
+
+def new_model(cls, args: ModelArgs, dtype: torch.dtype, with_drafter: bool = False):
+    """``cls`` with uninitialised parameters for ``load_weights`` to fill; every engine builds through here.
+
+    Float parameters start in bf16, the dtype official checkpoints store them in, whatever the activation
+    ``dtype``: ``load_weights`` then keeps each float tensor in its stored dtype, so no engine's choice of
+    ``dtype`` changes a parameter.
+    """
+    extra = {"with_drafter": True} if with_drafter else {}
+    return cls(args, dtype=dtype, param_dtype=torch.bfloat16, **extra)
+
+
+def check_names(targets, names, where: Callable[[str], str], listed_in: str) -> None:
+    """Raise ``CheckpointError`` unless ``names`` are exactly the model's ``targets``."""
+    unexpected = sorted(set(names) - set(targets))
     if unexpected:
-        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {wanted[unexpected[0]]} "
-                              f"({len(unexpected)} unexpected in total) - not part of the model the config describes")
-    missing = sorted(set(expected) - set(wanted))
+        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {where(unexpected[0])} ({len(unexpected)} "
+                              "unexpected in total) - not part of the model the config describes")
+    missing = sorted(set(targets) - set(names))
     if missing:
-        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total): "
-                              f"not listed in {INDEX_FILE if (path / INDEX_FILE).exists() else SINGLE_FILE}")
+        raise CheckpointError(f"missing tensor {missing[0]!r} ({len(missing)} missing in total): not listed in "
+                              f"{listed_in}")
+
+
+def _store(model: torch.nn.Module, name: str, target: torch.Tensor, tensor: torch.Tensor) -> None:
+    if tensor.dtype == target.dtype:
+        with torch.no_grad():
+            target.copy_(tensor)  # in place: a routed expert's target is a view of its layer's stack
+        return
+    owner, _, leaf = name.rpartition(".")
+    model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(tensor.to(target.device), requires_grad=False)
+
+
+def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                 source: str = "the checkpoint", where: Callable[[str], str] | None = None) -> set[str]:
+    """Official-name tensors -> ``model``'s parameters, in place; the one loader of every engine. -> names loaded.
+
+    Tensors stream: each is checked (a tensor of the model, its shape, a quantised dtype exactly the model's)
+    and lands on its parameter's device before the next is read. Quantised tensors (FP8 weights, FP4 experts,
+    E8M0 scales, FP8 Engram tables) are kept as stored, and a float tensor keeps the float dtype it is stored
+    in: the kernels read bf16 weights as stored (ops/gemm.py), and converting would round (fp16 or fp32 into
+    bf16) or double the memory (bf16 into fp32). ``skipped`` tensors are passed over. ``source`` names the
+    checkpoint in errors, ``where(name)`` the file of one tensor (default: ``source``). After a
+    ``CheckpointError`` the model is partly loaded: callers discard it.
+    """
+    where = where or (lambda name: source)
+    targets = model.state_dict(keep_vars=True)  # official names; routed experts as views of their stacks
+    loaded: set[str] = set()
+    passed_over = 0
+    for name, tensor in weights:
+        if skipped(name, model):
+            passed_over += 1
+            continue
+        if name not in targets:
+            raise CheckpointError(f"unexpected tensor {name!r} in {where(name)}: not part of the model the config "
+                                  "describes")
+        check_tensor(name, where(name), tensor.shape, tensor.dtype, targets[name])
+        _store(model, name, targets[name], tensor)
+        loaded.add(name)
+    if passed_over:
+        logger.info("checkpoint: skipped %d vision / image / unbuilt drafter tensors", passed_over)
+    check_names(targets, loaded, where, source)
+    return loaded
+
+
+def shard_tensors(path: Path, names: dict[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every ``names`` entry (name -> shard file), shard by shard."""
     by_file: dict[str, list[str]] = {}
-    for name, file in wanted.items():
+    for name, file in names.items():
         by_file.setdefault(file, []).append(name)
-    state: dict[str, torch.Tensor] = {}
     for file in tqdm(sorted(by_file), desc="Loading checkpoint shards", unit="shard",
                      disable=len(by_file) < 2 and None):
         with _open(path / file) as f:
@@ -107,9 +163,16 @@ def load_state_dict_checked(path: Path, model: torch.nn.Module) -> dict[str, tor
                 except Exception as exc:
                     raise CheckpointError(f"tensor {name!r} in {file} cannot be read ({exc}); "
                                           "the shard may be truncated") from None
-                check_tensor(name, file, tensor.shape, tensor.dtype, expected[name])
-                state[name] = tensor
-    return state
+                yield name, tensor
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module) -> set[str]:
+    """Every tensor of the checkpoint directory ``path`` into ``model``, through ``load_weights``; the names are
+    checked against the index before any shard is read."""
+    wanted = {n: f for n, f in shard_map(path).items() if not skipped(n, model)}
+    listed_in = INDEX_FILE if (path / INDEX_FILE).exists() else SINGLE_FILE
+    check_names(model.state_dict(), wanted, wanted.__getitem__, listed_in)
+    return load_weights(model, shard_tensors(path, wanted), listed_in, wanted.__getitem__)
 
 
 def drafter_tensor_names(args: ModelArgs) -> list[str]:
@@ -148,22 +211,19 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
         args = ModelArgs.from_file(path, **overrides)
     except ConfigError as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
-    param_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     if with_drafter is None:
         with_drafter = checkpoint_has_drafter(path, args)
     if with_drafter and args.num_nextn_predict_layers < 1:
         raise CheckpointError(f"{path / 'config.json'}: with_drafter=True but num_nextn_predict_layers is 0")
-    extra = {"with_drafter": True} if with_drafter else {}
-    model = cls(args, dtype=dtype, param_dtype=param_dtype, **extra)  # parameters are uninitialised (torch.empty)
-    state = load_state_dict_checked(path, model)
-    model.load_state_dict(state, strict=True, assign=True)
+    model = new_model(cls, args, dtype, with_drafter)
+    load_checkpoint(path, model)
     model.to(device).finish_loading()
     attach_engram_token_map(model, path)
     return model.eval()
 
 
 def attach_engram_token_map(model, path: Path) -> None:
-    """Give Engram its tokenizer-derived token map (spec §7.1) unless the config uses the identity map."""
+    """Give Engram its tokenizer-derived token map (docs/model.md#token-map) unless the config uses the identity map."""
     args = model.args
     if not args.engram_layer_ids or model.hasher.identity_map:
         return

@@ -1,8 +1,8 @@
 """DeepSeek-V4.1-Flash text model: embedding, 4-stream single-pass mHC blocks, final collapse, fp32 head.
 
-Read top to bottom it is spec §4: every block collapses the residual streams with the pre-mix computed one site
-earlier, runs its sublayer, and mixes the result back into the streams. Module and parameter names mirror the
-official checkpoint, so ``load_state_dict(strict=True)`` takes it as is.
+Read top to bottom it is docs/model.md#forward: every block collapses the residual streams with the pre-mix computed
+one site earlier, runs its sublayer, and mixes the result back into the streams. Module and parameter names mirror
+the official checkpoint, so ``load_state_dict(strict=True)`` takes it as is.
 
 The forward runs a flattened batch of chunks (one per sequence, each with its own ``SequenceState``): per-token
 work (projections, MoE, mHC) sees every row at once, per-sequence work (windows, compressed KV, indexer) loops.

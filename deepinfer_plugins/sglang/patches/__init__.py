@@ -1,4 +1,4 @@
-"""Ledger of DeepInfer's patches to SGLang (style example 7). Applied through SGLang's own HookRegistry.
+"""Ledger of DeepInfer's patches to SGLang. Applied through SGLang's own HookRegistry.
 
 patch_v41_architecture_name.py
     symbol:  sglang.srt.configs.deepseek_v41.normalize_deepseek_v41_config (SGLang 0.5.23)
@@ -10,8 +10,19 @@ patch_v41_architecture_name.py
     when:    registered by register() unless DEEPINFER_SGLANG_KEEP_UPSTREAM=1.
     upstream: none filed yet; removable if SGLang keeps ``DeepseekV41ForCausalLM`` and resolves it through
              ModelRegistry (upstream then registers its V4 class under that name too).
+
+patch_unavailable_spec_algorithm.py
+    symbol:  sglang.srt.speculative.spec_info.SpeculativeAlgorithm.from_string (SGLang 0.5.23)
+    why:     DeepInfer registers no speculative algorithm on SGLang (no worker for SGLang's scheduler), so
+             ``--speculative-algorithm DEEPINFER_DSPARK`` would fail as "Unknown speculative algorithm name"
+             without saying what to use instead.
+    how:     a BEFORE hook that raises a ValueError subclass naming the alternatives for that one name; every
+             other name reaches SGLang unchanged.
+    when:    always registered by register().
+    upstream: nothing to file; removable once DeepInfer registers a working DSpark worker under that name.
 """
 
+from .patch_unavailable_spec_algorithm import register_hook as register_unavailable_spec_algorithm_hook
 from .patch_v41_architecture_name import register_hook as register_v41_architecture_name_hook
 
-__all__ = ["register_v41_architecture_name_hook"]
+__all__ = ["register_unavailable_spec_algorithm_hook", "register_v41_architecture_name_hook"]
