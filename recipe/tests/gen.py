@@ -445,3 +445,127 @@ def boundary(api: str, r: random.Random, count: bool = True) -> tuple:
     if count:
         STATS[(api, kind)] += 1
     return kind, req
+
+
+# ---- prompt shapes ----------------------------------------------------------------------
+# Each `shape` request is an ordinary generated request reshaped in one way that changes
+# how the official package assembles the prompt (how pieces of a turn are joined, what an
+# unsupported part becomes, which inputs it drops or refuses). SHAPE_STATS counts the classes.
+
+SHAPE_STATS: Counter = Counter()
+_IMG = "https://x/y.png"
+
+
+def _items(req: dict) -> list:
+    if isinstance(req["input"], str):
+        req["input"] = [{"role": "user", "content": req["input"]}]
+    return req["input"]
+
+
+def _split(r: random.Random, t: str) -> list:
+    """A text cut into 1-3 pieces, sometimes with an empty piece in between or in front."""
+    cuts = sorted(r.randint(0, len(t)) for _ in range(r.randint(0, 2)))
+    out = [t[a:b] for a, b in zip([0] + cuts, cuts + [len(t)])]
+    if r.random() < 0.3:
+        out.insert(r.randint(0, len(out)), "")
+    return out
+
+
+def _user_at(r: random.Random, seq: list, user) -> None:
+    """Insert a user message right after a tool result or user message, or at the end before
+    the last user turn, so it lands inside a run of user/tool messages."""
+    spots = [i + 1 for i, m in enumerate(seq)
+             if m.get("role") in ("user", "tool") or m.get("type") == "function_call_output"]
+    seq.insert(r.choice(spots) if spots else len(seq), user)
+
+
+def _responses_shape(r: random.Random, req: dict) -> str:
+    kind = r.choice(["reasoning_parts", "reasoning_parts", "empty_user", "assistant_image"])
+    items = _items(req)
+    if kind == "reasoning_parts":
+        out = []
+        for it in items:
+            if it.get("type") == "reasoning" and it["content"]:
+                pieces = _split(r, it["content"][0]["text"])
+                if r.random() < 0.5:
+                    it = dict(it, content=[{"type": "reasoning_text", "text": p} for p in pieces])
+                    out.append(it)
+                else:
+                    out += [{"type": "reasoning", "summary": [],
+                             "content": [{"type": "reasoning_text", "text": p}] if p or
+                             r.random() < 0.5 else []} for p in pieces]
+                continue
+            out.append(it)
+            if it.get("role") == "assistant" and r.random() < 0.4:
+                # reasoning after an answer opens a new assistant turn
+                out += [{"type": "reasoning", "summary": [],
+                         "content": [{"type": "reasoning_text", "text": text(r)}]},
+                        {"type": "message", "role": "assistant",
+                         "content": [{"type": "output_text", "text": text(r)}]}]
+        req["input"] = out
+    elif kind == "empty_user":
+        for _ in range(r.randint(1, 2)):
+            _user_at(r, items, {"role": "user", "content": r.choice(["", "", text(r)])})
+    else:
+        items.insert(r.randint(0, len(items)), {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": r.choice(["", text(r)])},
+            {"type": "input_image", "image_url": _IMG}][::r.choice([1, -1])]})
+    return kind
+
+
+def _chat_shape(r: random.Random, req: dict) -> str:
+    kind = r.choice(["empty_user", "empty_user", "assistant_image"])
+    msgs = req["messages"]
+    if kind == "empty_user":
+        for _ in range(r.randint(1, 2)):
+            _user_at(r, msgs, {"role": "user", "content": r.choice(["", "", text(r)])})
+    else:
+        msgs.insert(r.randint(0, len(msgs) - 1), {"role": "assistant", "content": [
+            {"type": "text", "text": r.choice(["", text(r)])},
+            {"type": "image_url", "image_url": {"url": _IMG}}][::r.choice([1, -1])]})
+    return kind
+
+
+def _messages_shape(r: random.Random, req: dict) -> str:
+    kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image"])
+    msgs = req["messages"]
+    if kind == "thinking_blocks":
+        for m in msgs:
+            if m["role"] == "assistant":
+                blocks = []
+                for b in m["content"]:
+                    if b["type"] == "thinking":
+                        blocks += [dict(b, thinking=p) for p in _split(r, b["thinking"])]
+                    else:
+                        blocks.append(b)
+                m["content"] = blocks
+    elif kind == "text_blocks":
+        for m in msgs:
+            if isinstance(m["content"], str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
+            blocks = []
+            for b in m["content"]:
+                if b["type"] == "text":
+                    blocks += [dict(b, text=p) for p in _split(r, b["text"])]
+                else:
+                    blocks.append(b)
+                if r.random() < 0.2 and (m["role"] == "user" or b["type"] != "tool_use"):
+                    blocks.append({"type": "text", "text": ""})
+            m["content"] = blocks
+    else:
+        msgs.insert(r.randint(0, len(msgs) - 1), {"role": "assistant", "content": [
+            {"type": "text", "text": r.choice(["", text(r)])},
+            {"type": "image", "source": {"type": "url", "url": _IMG}}][::r.choice([1, -1])]})
+    return kind
+
+
+_SHAPE = {"chat": _chat_shape, "responses": _responses_shape, "messages": _messages_shape}
+
+
+def shape(api: str, r: random.Random, count: bool = True) -> tuple:
+    """-> (class name, request): a generated request reshaped in one way."""
+    req = GENERATORS[api](r)
+    kind = _SHAPE[api](r, req)
+    if count:
+        SHAPE_STATS[(api, kind)] += 1
+    return kind, req

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from ..conversation import (Conversation, ImageSource, Message, ToolCall, ToolDefinition,
-                            join_parts)
+from ..conversation import (Conversation, ImageSource, Message, ModelVersion, ToolCall,
+                            ToolDefinition, join_parts)
 from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
@@ -244,10 +244,14 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         elif role == "user":
             msgs.append(Message("user", _parts(m.content, path)))
         elif role == "assistant":
+            parts = _parts(m.content, path)
+            if version is ModelVersion.V41 and any(p.__class__ is not str for p in parts):
+                raise ConversionError("Image in assistant message is not supported",
+                                      param=f"messages[{i}]")
             calls = None
             if m.tool_calls:
                 calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
-            msgs.append(Message("assistant", _parts(m.content, path), m.reasoning_content, calls,
+            msgs.append(Message("assistant", parts, m.reasoning_content, calls,
                                 prefix=m.prefix and i == n - 1))
         elif role == "tool":
             msgs.append(Message("tool", _parts(m.content, path), tool_call_id=m.tool_call_id))

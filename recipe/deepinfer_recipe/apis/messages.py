@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field
 
-from ..conversation import Conversation, ImageSource, Message, ToolCall, join_parts
+from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
 from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
@@ -121,18 +121,80 @@ def _image(b: ImageBlock, path: str) -> ImageSource:
     return ImageSource("url", s.url, "high", path)
 
 
+_MISSING = ("`tool_use` ids were found without `tool_result` blocks immediately after: {}. Each "
+            "`tool_use` block must have a corresponding `tool_result` block in the next message.")
+
+
+def _unexpected(k: int, j: int, tid: str) -> ConversionError:
+    return ConversionError(f"unexpected `messages.{k}.content.{j}: tool_use_id` found in "
+                           f"`tool_result` blocks: {tid}. Each `tool_result` block must have a "
+                           "corresponding `tool_use` block in the previous message.",
+                           param=f"messages[{k}].content[{j}]")
+
+
+def check_pairing(messages: list) -> None:
+    """No message may have an empty block list. Every tool_use must be answered by a tool_result at the start of the very next user
+    message, once, and every tool_result must answer a tool_use of the message before: a
+    call without its result (or the reverse) has no faithful rendering. The messages and
+    their order are the official package's, which decide the error a request gets."""
+    pending: dict = {}  # the tool_use ids of the previous message, when it is an assistant's
+    caller = 0
+    for k, m in enumerate(messages):
+        content = m.content
+        if content.__class__ is list and not content:
+            raise ConversionError(f"messages.{k}: all messages must have non-empty content",
+                                  param=f"messages[{k}]")
+        if pending:
+            if m.role != "user" or content.__class__ is str:
+                raise ConversionError(f"messages.{k}: " + _MISSING.format(", ".join(sorted(pending))),
+                                      param=f"messages[{k}]")
+            answered: set = set()
+            leading = True
+            for j, b in enumerate(content):
+                if b.type == "tool_result":
+                    tid = b.tool_use_id
+                    if tid not in pending:
+                        raise _unexpected(k, j, tid)
+                    if tid in answered:
+                        raise ConversionError(
+                            f"messages.{k}.content.{j}: each tool_use must have a single result. "
+                            f"Found multiple `tool_result` blocks with id: {tid}",
+                            param=f"messages[{k}].content[{j}]")
+                    answered.add(tid)
+                elif leading:
+                    leading = False
+                    missing = [t for t in pending if t not in answered]
+                    if missing:
+                        raise ConversionError(f"messages.{k}: " + _MISSING.format(
+                            ", ".join(sorted(missing))), param=f"messages[{k}]")
+            if leading:
+                missing = [t for t in pending if t not in answered]
+                if missing:
+                    raise ConversionError(f"messages.{caller}:" + _MISSING.format(
+                        ", ".join(sorted(missing))), param=f"messages[{caller}]")
+            pending = {}
+        elif m.role == "user" and content.__class__ is not str:
+            for j, b in enumerate(content):
+                if b.type == "tool_result":
+                    raise _unexpected(k, j, b.tool_use_id)
+        if m.role == "assistant" and content.__class__ is not str:
+            for j, b in enumerate(content):
+                if b.type == "tool_use":
+                    if b.id in pending:
+                        raise ConversionError(f"messages.{k}.content.{j}: `tool_use` ids must be "
+                                              "unique", param=f"messages[{k}].content[{j}]")
+                    pending[b.id] = True
+            caller = k
+    if pending:
+        raise ConversionError(f"messages.{caller}:" + _MISSING.format(", ".join(sorted(pending))),
+                              param=f"messages[{caller}]")
+
+
 def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     req: MessagesRequest = body if isinstance(body, MessagesRequest) else validate(MessagesRequest, body)
     version = resolve_model(req.model, opts)
     thinking, effort = resolve_thinking(req.thinking.type if req.thinking else None,
                                         req.output_config.effort if req.output_config else None, opts)
-    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
-    max_tokens = req.max_tokens
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise ConversionError(f"Invalid max_tokens value, the valid range of max_tokens is "
-                                  f"[1, {bound}]", param="max_tokens")
-        max_tokens = min(max_tokens, bound)
     tools = []
     for i, t in enumerate(req.tools or []):
         if t.type is not None and t.type not in ("custom", "function"):
@@ -141,6 +203,16 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             continue
         check_tool_name(t.name, f"tools[{i}].name")
         tools.append(make_tool(t.name, t.description, t.input_schema, t.strict, t.defer_loading))
+    if not req.messages:
+        raise ConversionError("messages: at least one message is required", param="messages")
+    check_pairing(req.messages)
+    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
+    max_tokens = req.max_tokens
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ConversionError(f"Invalid max_tokens value, the valid range of max_tokens is "
+                                  f"[1, {bound}]", param="max_tokens")
+        max_tokens = min(max_tokens, bound)
     check_strict(tools)
     tool_names = [t.name for t in tools]
     tool_choice = "auto"
@@ -155,6 +227,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             tool_choice = "required"
 
     msgs: list = []
+    v41 = version is ModelVersion.V41
     if req.system is not None:
         text = req.system if isinstance(req.system, str) else "\n\n".join(b.text for b in req.system)
         if text:
@@ -166,21 +239,35 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             continue
         if m.role == "assistant":
             a = Message("assistant", [])
-            texts = []
+            thoughts = []
+            # the answer text grows block by block, a blank line before each block once
+            # there is some text: an empty first block adds nothing
+            parts: list = []
             for j, b in enumerate(m.content):
                 if b.type == "thinking":
-                    a.reasoning_content = (a.reasoning_content or "") + b.thinking
+                    thoughts.append(b.thinking)
                 elif b.type == "text":
-                    texts.append([b.text])
+                    if any(parts):
+                        parts.append("\n\n")
+                    parts.append(b.text)
                 elif b.type == "tool_use":
                     args = b.input if b.input is not None else {}
                     a.tool_calls = (a.tool_calls or []) + [
                         ToolCall(b.id, b.name, json.dumps(args, ensure_ascii=False))]
                 elif b.type == "image":
-                    texts.append([_image(b, f"{path}[{j}]")])
-            a.parts = join_parts(texts)
+                    if v41:
+                        raise ConversionError("Image in assistant message is unsupported",
+                                              param=f"{path}[{j}]")
+                    if any(parts):
+                        parts.append("\n\n")
+                    parts.append(_image(b, f"{path}[{j}]"))
+            if thoughts:
+                a.reasoning_content = "\n\n".join(thoughts)
+            a.parts = parts
             msgs.append(a)
         else:
+            # each text or image block is a user message of its own: the renderer joins
+            # them as it joins consecutive user messages (V4 skips the empty ones)
             chunks = []
             for j, b in enumerate(m.content):
                 if b.type == "tool_result":
@@ -193,18 +280,14 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                         parts = join_parts([[x.text] if x.type == "text" else
                                             [_image(x, f"{path}[{j}].content[{k}]")]
                                             for k, x in enumerate(c)])
-                    if chunks:
-                        msgs.append(Message("user", join_parts(chunks)))
-                        chunks = []
+                    msgs += chunks
+                    chunks = []
                     msgs.append(Message("tool", parts, tool_call_id=b.tool_use_id))
                 elif b.type == "text":
-                    chunks.append([b.text])
+                    chunks.append(Message("user", [b.text]))
                 elif b.type == "image":
-                    chunks.append([_image(b, f"{path}[{j}]")])
-            if chunks or not m.content:
-                msgs.append(Message("user", join_parts(chunks)))
-    if not req.messages:
-        raise ConversionError("Empty input messages", param="messages")
+                    chunks.append(Message("user", [_image(b, f"{path}[{j}]")]))
+            msgs += chunks
     if tool_choice != "none":
         check_unique(tool_names)
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, "text", None)

@@ -253,21 +253,32 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         msgs.append(Message("system", [req.instructions]))
     items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     cur = None  # the assistant message being assembled from consecutive items
+    reasoning: list = []  # the reasoning_text parts of `cur`, in order
 
     def assistant(new_if_called=True):
-        nonlocal cur
+        nonlocal cur, reasoning
         if cur is None or (new_if_called and cur.tool_calls):
             cur = Message("assistant", [])
+            reasoning = []
             msgs.append(cur)
         return cur
 
+    v41 = version is ModelVersion.V41
+    image_at = None  # V4.1: the first assistant message with an image (refused after pairing)
     for i, it in enumerate(items):
         t = it.type
         path = f"input[{i}]"
         if t == "reasoning":
+            # reasoning that follows an answer or a call opens the next assistant turn; the
+            # parts of an item, then the items of a turn, are lines of one reasoning text
+            # (an item with no text adds no line)
+            if cur is not None and cur.parts:
+                cur = None
             a = assistant()
-            texts = [c.text for c in (it.content or [])]
-            a.reasoning_content = (a.reasoning_content or "") + "".join(texts)
+            line = "\n".join([c.text for c in it.content or ()])
+            if line:
+                reasoning.append(line)
+                a.reasoning_content = "\n".join(reasoning)
         elif t in ("function_call", "custom_tool_call"):
             a = assistant(False)
             args = it.arguments if t == "function_call" else json.dumps(
@@ -280,6 +291,8 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             role = it.role
             parts = _parts(it.content, path + ".content")
             if role == "assistant":
+                if v41 and image_at is None and any(p.__class__ is not str for p in parts):
+                    image_at = path
                 a = assistant()
                 a.parts = join_parts([a.parts, parts]) if a.parts else parts
             else:
@@ -289,7 +302,6 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         raise ConversionError("Empty input messages", param="input")
     for k, m in enumerate(msgs):
         if m.role == "assistant" and m.tool_calls:
-            m.tool_calls.sort(key=lambda c: c.id)
             outs = set()
             j = k + 1
             while j < len(msgs) and msgs[j].role == "tool":
@@ -299,6 +311,10 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 if c.id not in outs:
                     raise ConversionError(f"No tool output found for tool call {c.id}.",
                                           param="input")
+            m.tool_calls.sort(key=lambda c: c.id)
+    if image_at is not None:
+        raise ConversionError(f"{image_at}: Image in assistant message is unsupported",
+                              param=image_at)
     if tool_choice != "none":
         # a namespace is its own name space: its functions are rendered qualified
         check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
