@@ -479,8 +479,25 @@ def _user_at(r: random.Random, seq: list, user) -> None:
     seq.insert(r.choice(spots) if spots else len(seq), user)
 
 
+def _unknown_choice(r: random.Random, req: dict, api: str) -> str:
+    """A named tool_choice that names no tool of the request."""
+    if api == "chat":
+        req["tool_choice"] = {"type": "function", "function": {"name": "nope"}}
+    elif api == "responses":
+        req["tool_choice"] = {"type": r.choice(["function", "custom"]), "name": "nope"}
+    else:
+        req["tool_choice"] = {"type": "tool", "name": "nope"}
+    return "tool_choice_unknown"
+
+
 def _responses_shape(r: random.Random, req: dict) -> str:
-    kind = r.choice(["reasoning_parts", "reasoning_parts", "empty_user", "assistant_image"])
+    kind = r.choice(["reasoning_parts", "reasoning_parts", "empty_user", "assistant_image",
+                     "tool_choice_unknown", "empty_input"])
+    if kind == "tool_choice_unknown":
+        return _unknown_choice(r, req, "responses")
+    if kind == "empty_input":
+        req["input"] = []
+        return kind
     items = _items(req)
     if kind == "reasoning_parts":
         out = []
@@ -514,7 +531,9 @@ def _responses_shape(r: random.Random, req: dict) -> str:
 
 
 def _chat_shape(r: random.Random, req: dict) -> str:
-    kind = r.choice(["empty_user", "empty_user", "assistant_image"])
+    kind = r.choice(["empty_user", "empty_user", "assistant_image", "tool_choice_unknown"])
+    if kind == "tool_choice_unknown":
+        return _unknown_choice(r, req, "chat")
     msgs = req["messages"]
     if kind == "empty_user":
         for _ in range(r.randint(1, 2)):
@@ -527,8 +546,18 @@ def _chat_shape(r: random.Random, req: dict) -> str:
 
 
 def _messages_shape(r: random.Random, req: dict) -> str:
-    kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image"])
+    kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image",
+                     "tool_choice_unknown", "system_message", "system_message"])
+    if kind == "tool_choice_unknown":
+        return _unknown_choice(r, req, "messages")
     msgs = req["messages"]
+    if kind == "system_message":
+        for _ in range(r.randint(1, 2)):
+            content = r.choice(["", text(r), [{"type": "text", "text": t} for t in _split(r, text(r))]])
+            if r.random() < 0.1:
+                content = []
+            msgs.insert(r.randint(0, len(msgs)), {"role": "system", "content": content})
+        return kind
     if kind == "thinking_blocks":
         for m in msgs:
             if m["role"] == "assistant":

@@ -17,9 +17,9 @@ N = {"chat": 120, "responses": 80, "messages": 80}
 CASES = [(api, s) for api, n in N.items() for s in range(n)]
 
 
-def _ours(req, api, tokenizer=None):
+def _ours(req, api, tokenizer=None, opts=None):
     try:
-        r = dr.render(req, api, tokenizer=tokenizer)
+        r = dr.render(req, api, opts, tokenizer=tokenizer)
         return ("ok", r.prompt, r.token_ids)
     except dr.RecipeError as e:
         return ("error", e.status, e.message)
@@ -156,10 +156,13 @@ S = {"chat": 150, "responses": 250, "messages": 250}
 SHAPE_CASES = [(api, s) for api, n in S.items() for s in range(n)]
 # every (api, class) the shape generator produces, with the least count expected
 SHAPE_MIN = {("chat", "empty_user"): 40, ("chat", "assistant_image"): 20,
-             ("responses", "reasoning_parts"): 60, ("responses", "empty_user"): 30,
-             ("responses", "assistant_image"): 30,
-             ("messages", "thinking_blocks"): 30, ("messages", "text_blocks"): 60,
-             ("messages", "assistant_image"): 30}
+             ("chat", "tool_choice_unknown"): 20,
+             ("responses", "reasoning_parts"): 50, ("responses", "empty_user"): 25,
+             ("responses", "assistant_image"): 25, ("responses", "tool_choice_unknown"): 25,
+             ("responses", "empty_input"): 25,
+             ("messages", "thinking_blocks"): 20, ("messages", "text_blocks"): 40,
+             ("messages", "assistant_image"): 20, ("messages", "tool_choice_unknown"): 20,
+             ("messages", "system_message"): 40}
 
 
 @pytest.mark.parametrize("api,seed", SHAPE_CASES)
@@ -183,3 +186,20 @@ def test_shape_classes_generated():
         counts[(api, kind)] = counts.get((api, kind), 0) + 1
     for key, least in SHAPE_MIN.items():
         assert counts.get(key, 0) >= least, (key, counts.get(key, 0))
+
+
+REJECT = {"reasoning_content_behavior": "reject"}
+
+
+@pytest.mark.parametrize("api,seed", [(a, s) for a in N for s in range(80)])
+def test_reject_missing_reasoning_matches_official(api, seed):
+    """With reasoning_content_behavior=reject only tool-calling assistant turns after the last
+    user message must carry their reasoning; the refusal names the API's reasoning field."""
+    req = gen.GENERATORS[api](random.Random(30_000 + seed))
+    want = oracle.render(req, api, REJECT)
+    got = _ours(req, api, opts=REJECT)
+    if want[0] == "error":
+        _assert_rejected_alike(got, want)
+        return
+    assert got[0] == "ok", got
+    assert got[1] == want[1]

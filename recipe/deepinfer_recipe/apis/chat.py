@@ -11,7 +11,7 @@ from ..conversation import (Conversation, ImageSource, Message, ModelVersion, To
 from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import (Model, _TAGS, check_json_word, check_penalty, check_seed, check_stop,
+from .common import (Model, no_such_tool, _TAGS, check_json_word, check_reasoning_passed, check_penalty, check_seed, check_stop,
                      check_strict, check_temperature, check_tool_name, check_top_logprobs,
                      check_top_p, check_unique, make_tool, output_constraint, tool_name_ok,
                      validate)
@@ -193,17 +193,6 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                        t.function.strict, t.defer_loading) for t in (req.tools or [])]
     check_strict(tools)
     tool_names = [t.name for t in tools]
-    tc = req.tool_choice
-    tool_choice = "auto"
-    if isinstance(tc, str):
-        tool_choice = tc
-    elif tc is not None:
-        tools = [t for t in tools if t.name == tc.function.name]
-        if not tools:
-            raise ConversionError(f"tool_choice: function {tc.function.name!r} is not in tools",
-                                  param="tool_choice")
-        tool_choice = "required"
-
     msgs = []
     src = req.messages
     n = len(src)
@@ -233,6 +222,16 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             raise ConversionError("Invalid completion message: prefix set true with message which is "
                                   "not final message or message role is not assistant",
                                   param=f"messages[{i}].prefix")
+    check_reasoning_passed(src, thinking, opts, "reasoning_content")
+    tc = req.tool_choice
+    tool_choice = "auto"
+    if isinstance(tc, str):
+        tool_choice = tc
+    elif tc is not None and tools:  # with no tools a named choice has nothing to name
+        tools = [t for t in tools if t.name == tc.function.name]
+        if not tools:
+            raise no_such_tool(tc.function.name)
+        tool_choice = "required"
     for i, m in enumerate(src):
         role = m.role
         path = f"messages[{i}].content"
@@ -312,7 +311,6 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
                                   param="response_format")
         if tools:
             raise ConversionError("Function call should not be used with prefix", param="tools")
-    _check_reasoning(conv, opts)
     check_stop(stop)
     if has_stream_options and not stream:
         raise ConversionError("stream_options should be set along with stream = true",
@@ -394,7 +392,7 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
         v = g(k)
         if v is not None and v.__class__ is not float:
             return None
-    if g("response_format") is not None:
+    if g("response_format") is not None or opts.reasoning_content_behavior == "reject":
         return None
     stop = g("stop")
     if stop.__class__ is list:
@@ -548,17 +546,6 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
                    effort, "text", None, last_prefix, max_tokens, g("temperature"), g("top_p"),
                    g("logprobs"), g("top_logprobs"), g("seed"), stop, g("stream"), so is not None,
                    include_usage, g("n"), g("frequency_penalty"), g("presence_penalty"), opts)
-
-
-def _check_reasoning(conv: Conversation, opts: ConversionOptions) -> None:
-    if opts.reasoning_content_behavior != "reject" or not conv.thinking_mode:
-        return
-    if not (conv.tools and conv.tool_choice != "none"):
-        return
-    for i, m in enumerate(conv.messages):
-        if m.role == "assistant" and m.reasoning_content is None and not m.prefix:
-            raise ConversionError(f"messages[{i}]: Missing `reasoning_content` field in the assistant "
-                                  "message at message index " + str(i), param=f"messages[{i}]")
 
 
 def make_parsing(conv: Conversation, rendered_tools: bool, stop: list,

@@ -191,3 +191,29 @@ def check_top_logprobs(v) -> None:
 def check_seed(v) -> None:
     if v is not None and not (0 <= v < 1 << 63):
         raise _range_error("seed", "[0, 2^63)")
+
+
+def check_reasoning_passed(msgs, thinking: bool, opts, field: str, empty_ok: bool = True) -> None:
+    """With `reasoning_content_behavior: reject`, an assistant turn that called tools since the
+    last user message must bring its reasoning back: the model resumes that reasoning, and a
+    made-up empty one would mislead it. Earlier turns are not read by the model's reasoning
+    and may lack it. `msgs` are request messages or Conversation messages (both have role,
+    tool_calls and reasoning_content); `empty_ok` says whether empty reasoning counts."""
+    if opts.reasoning_content_behavior != "reject" or not thinking:
+        return
+    start = 0
+    for i, m in enumerate(msgs):
+        if m.role == "user":
+            start = i + 1
+    for m in msgs[start:]:
+        if m.role == "assistant" and m.tool_calls and (
+                m.reasoning_content is None or (not empty_ok and not m.reasoning_content)):
+            raise ConversionError(f"The `{field}` in the thinking mode must be passed back to "
+                                  "the API.", param="messages")
+
+
+def no_such_tool(name: str) -> ConversionError:
+    """A named tool_choice must name a tool of the request (the wording is the official one
+    for all three APIs)."""
+    return ConversionError(f"Invalid value for 'tool_call': no function named '{name}' was "
+                           "specified in the 'tools' parameter.", param="tool_choice")

@@ -12,7 +12,7 @@ from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, _TAGS, check_stop, check_strict, check_temperature, check_tool_name,
+from .common import (Model, no_such_tool, _TAGS, check_reasoning_passed, check_stop, check_strict, check_temperature, check_tool_name,
                      check_top_p, check_unique, make_tool, output_constraint, validate)
 
 _TAGS.update({"text", "image", "thinking", "tool_use", "tool_result", "base64", "url", "any",
@@ -70,7 +70,7 @@ Block = Annotated[Union[TextBlock, ImageBlock, ThinkingBlock, ToolUseBlock, Tool
 
 
 class MessageParam(Model):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: Union[str, list[Block]]
 
 
@@ -141,7 +141,7 @@ def check_pairing(messages: list) -> None:
     caller = 0
     for k, m in enumerate(messages):
         content = m.content
-        if content.__class__ is list and not content:
+        if content.__class__ is list and not content and m.role != "system":
             raise ConversionError(f"messages.{k}: all messages must have non-empty content",
                                   param=f"messages[{k}]")
         if pending:
@@ -190,6 +190,22 @@ def check_pairing(messages: list) -> None:
                               param=f"messages[{caller}]")
 
 
+class _View:
+    """A request message seen as a turn: a user message of tool results only is not a user
+    turn; an assistant's reasoning is present when it has a thinking block."""
+
+    __slots__ = ("role", "tool_calls", "reasoning_content")
+
+    def __init__(self, m: MessageParam):
+        blocks = [] if isinstance(m.content, str) else m.content
+        self.role = m.role
+        if m.role == "user" and blocks and all(b.type == "tool_result" for b in blocks):
+            self.role = "tool"
+        self.tool_calls = [b for b in blocks if b.type == "tool_use"]
+        thoughts = [b.thinking for b in blocks if b.type == "thinking"]
+        self.reasoning_content = "\n\n".join(thoughts) if thoughts else None
+
+
 def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     req: MessagesRequest = body if isinstance(body, MessagesRequest) else validate(MessagesRequest, body)
     version = resolve_model(req.model, opts)
@@ -206,6 +222,9 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     if not req.messages:
         raise ConversionError("messages: at least one message is required", param="messages")
     check_pairing(req.messages)
+    if opts.reasoning_content_behavior == "reject":
+        check_reasoning_passed([_View(m) for m in req.messages], thinking, opts,
+                               "content[].thinking")
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
     max_tokens = req.max_tokens
     if max_tokens is not None:
@@ -220,10 +239,10 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     if tc is not None:
         if tc.type == "none":
             tool_choice = "none"
-        elif tc.type == "tool":
+        elif tc.type == "tool" and tools:  # with no tools there is nothing to name
             tools = [t for t in tools if t.name == tc.name]
             if not tools:
-                raise ConversionError(f"tool_choice: tool {tc.name!r} is not in tools", param="tool_choice")
+                raise no_such_tool(tc.name)
             tool_choice = "required"
 
     msgs: list = []
@@ -234,6 +253,16 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             msgs.append(Message("system", [text]))
     for i, m in enumerate(req.messages):
         path = f"messages[{i}].content"
+        if m.role == "system":
+            # V4.1 has system turns; V4 has none, so the text reaches the model as a reminder
+            # in the user turn it precedes (nothing at all when empty)
+            text = m.content if isinstance(m.content, str) else \
+                "\n\n".join(b.text for b in m.content if b.type == "text")
+            if v41:
+                msgs.append(Message("system", [text]))
+            elif text:
+                msgs.append(Message("user", [f"<system-reminder>\n{text}\n</system-reminder>"]))
+            continue
         if isinstance(m.content, str):
             msgs.append(Message(m.role, [m.content]))
             continue

@@ -13,7 +13,7 @@ from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, _TAGS, check_strict, check_temperature, check_tool_name,
+from .common import (Model, no_such_tool, _TAGS, check_reasoning_passed, check_strict, check_temperature, check_tool_name,
                      check_top_logprobs, check_top_p, check_unique, make_tool, output_constraint,
                      validate)
 
@@ -231,23 +231,9 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     version = resolve_model(req.model, opts)
     # the Responses API has no `thinking` field: reasoning.effort decides
     thinking, effort = resolve_thinking(None, req.reasoning.effort if req.reasoning else None, opts)
-    max_tokens = req.max_output_tokens
-    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
-    if max_tokens is not None and not (1 <= max_tokens <= bound):
-        raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
-                              f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
     tools, ns_map = flatten_tools(req, opts, version is ModelVersion.V41)
-    check_strict(tools)
-    tc = req.tool_choice
-    tool_choice = "auto"
-    if isinstance(tc, str):
-        tool_choice = tc
-    elif tc is not None:
-        tools = [t for t in tools if t.name == tc.name]
-        if not tools:
-            raise ConversionError(f"tool_choice: tool {tc.name!r} is not in tools", param="tool_choice")
-        tool_choice = "required"
-
+    if isinstance(req.input, list) and not req.input:
+        raise ConversionError("Input items array must not be empty", param="input")
     msgs: list = []
     if req.instructions:
         msgs.append(Message("system", [req.instructions]))
@@ -312,6 +298,22 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                     raise ConversionError(f"No tool output found for tool call {c.id}.",
                                           param="input")
             m.tool_calls.sort(key=lambda c: c.id)
+    check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False)
+    max_tokens = req.max_output_tokens
+    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
+    if max_tokens is not None and not (1 <= max_tokens <= bound):
+        raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
+                              f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
+    check_strict(tools)
+    tc = req.tool_choice
+    tool_choice = "auto"
+    if isinstance(tc, str):
+        tool_choice = tc
+    elif tc is not None and tools:  # with no tools a named choice has nothing to name
+        tools = [t for t in tools if t.name == tc.name]
+        if not tools:
+            raise no_such_tool(tc.name)
+        tool_choice = "required"
     if image_at is not None:
         raise ConversionError(f"{image_at}: Image in assistant message is unsupported",
                               param=image_at)
