@@ -492,13 +492,30 @@ def _unknown_choice(r: random.Random, req: dict, api: str) -> str:
 
 def _responses_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["reasoning_parts", "reasoning_parts", "empty_user", "assistant_image",
-                     "tool_choice_unknown", "empty_input"])
+                     "tool_choice_unknown", "empty_input", "dropped_items", "dropped_items",
+                     "output_pairing"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "responses")
     if kind == "empty_input":
         req["input"] = []
         return kind
     items = _items(req)
+    if kind == "dropped_items":
+        for _ in range(r.randint(1, 3)):
+            items.insert(r.randint(0, len(items)), r.choice([
+                {"type": "item_reference", "id": "msg_1"},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed",
+                 "action": {"type": "search", "query": "q"}}]))
+        if r.random() < 0.4:
+            tools = req.setdefault("tools", [])
+            tools.insert(r.randint(0, len(tools)), {"type": "apply_patch"})
+        return kind
+    if kind == "output_pairing":
+        calls = [it["call_id"] for it in items if it.get("type") == "function_call"]
+        out = {"type": "function_call_output", "output": text(r),
+               "call_id": r.choice(calls) if calls and r.random() < 0.5 else "nope"}
+        items.insert(r.randint(0, len(items)), out)
+        return kind
     if kind == "reasoning_parts":
         out = []
         for it in items:
@@ -531,9 +548,13 @@ def _responses_shape(r: random.Random, req: dict) -> str:
 
 
 def _chat_shape(r: random.Random, req: dict) -> str:
-    kind = r.choice(["empty_user", "empty_user", "assistant_image", "tool_choice_unknown"])
+    kind = r.choice(["empty_user", "empty_user", "assistant_image", "tool_choice_unknown",
+                     "regex"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "chat")
+    if kind == "regex":
+        req["response_format"] = {"type": "regex", "regex": r.choice(["[a-z]+", "(yes|no)"])}
+        return kind
     msgs = req["messages"]
     if kind == "empty_user":
         for _ in range(r.randint(1, 2)):

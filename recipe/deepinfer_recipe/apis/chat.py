@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..conversation import (Conversation, ImageSource, Message, ModelVersion, ToolCall,
                             ToolDefinition, join_parts)
@@ -116,8 +116,15 @@ class JsonSchemaSpec(Model):
 
 
 class ResponseFormat(Model):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "regex"]
     json_schema: Optional[JsonSchemaSpec] = None
+    regex: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _regex_given(self):
+        if self.type == "regex" and self.regex is None:
+            raise ValueError("missing field `regex`")
+        return self
 
 
 class StreamOptions(Model):
@@ -264,6 +271,8 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     elif rf is not None and rf.type == "json_schema":
         fmt = "json_schema"
         schema = rf.json_schema.schema_ if rf.json_schema else None
+    elif rf is not None and rf.type == "regex":
+        fmt, schema = "regex", rf.regex
     last_prefix = src[-1].role == "assistant" and src[-1].prefix
     so = req.stream_options
     return _finish(req.model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt,
@@ -299,6 +308,10 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     """The checks and results that follow building the messages. Both conversion paths end
     here, so every rule below holds for both; the order of the checks is the official
     package's, which decides the error a request with several problems gets."""
+    regex = None
+    if fmt == "regex":
+        # a regex constrains decoding only; the prompt is that of plain text
+        regex, fmt, schema = schema, "text", None
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
     if tool_choice != "none":
@@ -335,7 +348,7 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     rendered_tools = bool(tools) and tool_choice != "none"
     temperature, top_p = sampling(version, thinking, rendered_tools, temperature, top_p)
     inf = InferenceOptions(max_tokens, temperature, top_p, bool(logprobs), top_logprobs,
-                           seed, output_constraint(conv))
+                           seed, output_constraint(conv, regex))
     parsing = make_parsing(conv, rendered_tools, stop, opts)
     return ConvertedRequest("chat", model, version, conv, inf, parsing, bool(stream),
                             include_usage)

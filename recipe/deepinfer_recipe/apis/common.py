@@ -67,13 +67,16 @@ def tools_constraint(tools: list, required: bool) -> tuple:
     return ("tool_call_required" if required else "tool_call", compact(arr))
 
 
-def output_constraint(conv) -> tuple | None:
+def output_constraint(conv, regex: str | None = None) -> tuple | None:
+    """What decoding must follow: a JSON format, else the rendered tools, else a regex."""
     if conv.response_format == "json_object":
         return ("json", "")
     if conv.response_format == "json_schema":
         return ("json", compact(conv.response_schema))
     if conv.tools and conv.tool_choice != "none":
         return tools_constraint(conv.tools, conv.tool_choice == "required")
+    if regex is not None:
+        return ("regex", regex)
     return None
 
 

@@ -20,7 +20,8 @@ from .common import (Model, no_such_tool, _TAGS, check_reasoning_passed, check_s
 _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "input_text",
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
               "custom", "web_search", "web_search_preview", "custom_tool_call",
-              "custom_tool_call_output", "developer"})
+              "custom_tool_call_output", "developer", "item_reference", "web_search_call",
+              "apply_patch"})
 
 with open(os.path.join(os.path.dirname(__file__), "..", "data", "apply_patch_tool.json"),
           encoding="utf-8") as _f:
@@ -86,8 +87,16 @@ class CustomToolCallOutputItem(Model):
     output: Union[str, list[Part]]
 
 
+class DroppedItem(Model):
+    """Items that refer to state held by another server (a stored item, a hosted search):
+    nothing of them can be rendered, and the official package drops them."""
+
+    type: Literal["item_reference", "web_search_call"]
+
+
 Item = Annotated[Union[MessageItem, ReasoningItem, FunctionCallItem, FunctionCallOutputItem,
-                       CustomToolCallItem, CustomToolCallOutputItem], Field(discriminator="type")]
+                       CustomToolCallItem, CustomToolCallOutputItem, DroppedItem],
+                 Field(discriminator="type")]
 
 
 class FunctionTool(Model):
@@ -115,7 +124,14 @@ class WebSearchTool(Model):
     type: Literal["web_search", "web_search_preview"]
 
 
-Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool],
+class HostedApplyPatchTool(Model):
+    """The hosted apply_patch tool: its calls would be answered by another server, so the
+    official package drops it (the `custom` apply_patch tool is the one rendered)."""
+
+    type: Literal["apply_patch"]
+
+
+Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool, HostedApplyPatchTool],
                  Field(discriminator="type")]
 
 
@@ -219,7 +235,7 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
                                       "is supported.", param=f"tools[{i}]")
             ap = APPLY_PATCH["v41" if v41 else "v4"]
             tools.append(make_tool(ap["name"], ap["description"], ap["parameters"]))
-        else:
+        elif t.type != "apply_patch":
             if opts.responses_web_search == "reject":
                 raise ConversionError(f"tools[{i}]: web_search is not supported", param=f"tools[{i}]")
     return tools, ns_map
@@ -250,6 +266,9 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         return cur
 
     v41 = version is ModelVersion.V41
+    kept: set = set()  # ids of the assistant turns with a message item (kept even if empty)
+    called: set = set()  # call ids seen so far, and those already answered
+    answered: set = set()
     image_at = None  # V4.1: the first assistant message with an image (refused after pairing)
     for i, it in enumerate(items):
         t = it.type
@@ -270,7 +289,22 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             args = it.arguments if t == "function_call" else json.dumps(
                 {"input": it.input}, ensure_ascii=False)
             a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, it.name, args)]
+            called.add(it.call_id)
+        elif t == "web_search_call":
+            # a hosted call with nothing to render: it belongs to the assistant turn like a
+            # message does, so after function calls it opens the next turn
+            assistant()
+        elif t == "item_reference":
+            continue
         elif t in ("function_call_output", "custom_tool_call_output"):
+            # an output answers exactly one call made before it
+            if it.call_id not in called:
+                raise ConversionError(f"No tool call found for tool output with call_id "
+                                      f"{it.call_id}.", param=path)
+            if it.call_id in answered:
+                raise ConversionError(f"Duplicate tool output for call_id: {it.call_id}.",
+                                      param=path)
+            answered.add(it.call_id)
             cur = None
             msgs.append(Message("tool", _parts(it.output, path + ".output"), tool_call_id=it.call_id))
         else:
@@ -280,12 +314,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 if v41 and image_at is None and any(p.__class__ is not str for p in parts):
                     image_at = path
                 a = assistant()
+                kept.add(id(a))
                 a.parts = join_parts([a.parts, parts]) if a.parts else parts
             else:
                 cur = None
                 msgs.append(Message(role, parts))
-    if not msgs:
-        raise ConversionError("Empty input messages", param="input")
     for k, m in enumerate(msgs):
         if m.role == "assistant" and m.tool_calls:
             outs = set()
@@ -298,6 +331,10 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                     raise ConversionError(f"No tool output found for tool call {c.id}.",
                                           param="input")
             m.tool_calls.sort(key=lambda c: c.id)
+    # an assistant turn built from items that carry nothing (a web search call, reasoning
+    # without text) is not rendered
+    msgs = [m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
+            or m.reasoning_content is not None or id(m) in kept]
     check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False)
     max_tokens = req.max_output_tokens
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
