@@ -493,7 +493,7 @@ def _unknown_choice(r: random.Random, req: dict, api: str) -> str:
 def _responses_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["reasoning_parts", "reasoning_parts", "empty_user", "assistant_image",
                      "tool_choice_unknown", "empty_input", "dropped_items", "dropped_items",
-                     "output_pairing"])
+                     "output_pairing", "namespace_call", "input_file"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "responses")
     if kind == "empty_input":
@@ -509,6 +509,32 @@ def _responses_shape(r: random.Random, req: dict) -> str:
         if r.random() < 0.4:
             tools = req.setdefault("tools", [])
             tools.insert(r.randint(0, len(tools)), {"type": "apply_patch"})
+        return kind
+    if kind == "namespace_call":
+        ns, inner = r.choice([("ns", "inner"), ("n_", "f"), ("ns", "_f"), ("other", "g")])
+        tools = req.setdefault("tools", [])
+        if not any(t.get("name") == ns for t in tools):
+            tools.append({"type": "namespace", "name": ns, "description": text(r, 2),
+                          "tools": [{"type": "function", "name": inner}]})
+        at = r.randint(0, len(items) - 1)
+        items[at:at] = [{"type": "function_call", "call_id": "nsc", "namespace": ns, "name": inner,
+                         "arguments": "{}"},
+                        {"type": "function_call_output", "call_id": "nsc", "output": text(r)}]
+        return kind
+    if kind == "input_file":
+        part = r.choice([{"type": "input_file", "file_id": "file_1"},
+                         {"type": "input_file", "filename": "a.pdf",
+                          "file_data": "data:application/pdf;base64,AAAA"}])
+        for it in items:
+            if it.get("type", "message") == "message" and r.random() < 0.5:
+                c = it["content"]
+                if isinstance(c, str):
+                    c = [{"type": "input_text" if it["role"] != "assistant" else "output_text",
+                          "text": c}]
+                c.insert(r.randint(0, len(c)), part)
+                it["content"] = c
+            elif it.get("type") == "function_call_output" and r.random() < 0.3:
+                it["output"] = [part]
         return kind
     if kind == "output_pairing":
         calls = [it["call_id"] for it in items if it.get("type") == "function_call"]
@@ -568,10 +594,30 @@ def _chat_shape(r: random.Random, req: dict) -> str:
 
 def _messages_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image",
-                     "tool_choice_unknown", "system_message", "system_message"])
+                     "tool_choice_unknown", "system_message", "system_message", "document"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "messages")
     msgs = req["messages"]
+    if kind == "document":
+        for m in msgs:
+            if r.random() < 0.5:
+                continue
+            doc = {"type": "document", "source": r.choice([
+                {"type": "text", "media_type": "text/plain", "data": "doc"},
+                {"type": "base64", "media_type": "application/pdf", "data": "AAAA"},
+                {"type": "url", "url": "https://x/a.pdf"}])}
+            if isinstance(m["content"], str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
+            blocks = m["content"]
+            if m["role"] == "user":
+                results = [b for b in blocks if b["type"] == "tool_result"]
+                if results and r.random() < 0.5:
+                    results[0]["content"] = [doc]
+                    continue
+                blocks.insert(r.randint(len(results), len(blocks)), doc)
+            else:
+                blocks.insert(r.randint(0, len(blocks)), doc)
+        return kind
     if kind == "system_message":
         for _ in range(r.randint(1, 2)):
             content = r.choice(["", text(r), [{"type": "text", "text": t} for t in _split(r, text(r))]])

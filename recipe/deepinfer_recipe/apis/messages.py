@@ -54,19 +54,31 @@ class ToolUseBlock(Model):
     input: Any = None
 
 
+class DocumentBlock(Model):
+    type: Literal["document"]
+    source: dict[str, Any]
+
+    @property
+    def stub(self) -> str:
+        """Documents are not read: the model is told one was there and of which type."""
+        mt = self.source.get("media_type")
+        return f"[Unsupported document type: {mt if isinstance(mt, str) else 'unknown'}]"
+
+
 class ToolResultBlock(Model):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: Union[str, list[Annotated[Union[TextBlock, ImageBlock], Field(discriminator="type")]], None] = None
+    content: Union[str, list[Annotated[Union[TextBlock, ImageBlock, DocumentBlock],
+                                       Field(discriminator="type")]], None] = None
     is_error: Optional[bool] = None
 
 
 class ServerToolUseBlock(Model):
-    type: Literal["server_tool_use", "web_search_tool_result", "document", "tool_addition"]
+    type: Literal["server_tool_use", "web_search_tool_result", "tool_addition"]
 
 
 Block = Annotated[Union[TextBlock, ImageBlock, ThinkingBlock, ToolUseBlock, ToolResultBlock,
-                        ServerToolUseBlock], Field(discriminator="type")]
+                        DocumentBlock, ServerToolUseBlock], Field(discriminator="type")]
 
 
 class MessageParam(Model):
@@ -184,6 +196,10 @@ def check_pairing(messages: list) -> None:
                         raise ConversionError(f"messages.{k}.content.{j}: `tool_use` ids must be "
                                               "unique", param=f"messages[{k}].content[{j}]")
                     pending[b.id] = True
+                elif pending and b.type != "thinking":
+                    # calls end the assistant turn: what follows them would come after results
+                    raise ConversionError(f"messages.{k}.{j}: " + _MISSING.format(
+                        ", ".join(sorted(pending))), param=f"messages[{k}].content[{j}]")
             caller = k
     if pending:
         raise ConversionError(f"messages.{caller}:" + _MISSING.format(", ".join(sorted(pending))),
@@ -275,10 +291,10 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             for j, b in enumerate(m.content):
                 if b.type == "thinking":
                     thoughts.append(b.thinking)
-                elif b.type == "text":
+                elif b.type == "text" or b.type == "document":
                     if any(parts):
                         parts.append("\n\n")
-                    parts.append(b.text)
+                    parts.append(b.text if b.type == "text" else b.stub)
                 elif b.type == "tool_use":
                     args = b.input if b.input is not None else {}
                     a.tool_calls = (a.tool_calls or []) + [
@@ -306,7 +322,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                     elif isinstance(c, str):
                         parts = [c]
                     else:
-                        parts = join_parts([[x.text] if x.type == "text" else
+                        parts = join_parts([[x.text] if x.type == "text" else [x.stub]
+                                            if x.type == "document" else
                                             [_image(x, f"{path}[{j}].content[{k}]")]
                                             for k, x in enumerate(c)])
                     msgs += chunks
@@ -314,6 +331,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                     msgs.append(Message("tool", parts, tool_call_id=b.tool_use_id))
                 elif b.type == "text":
                     chunks.append(Message("user", [b.text]))
+                elif b.type == "document":
+                    chunks.append(Message("user", [b.stub]))
                 elif b.type == "image":
                     chunks.append(Message("user", [_image(b, f"{path}[{j}]")]))
             msgs += chunks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,7 @@ _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
               "custom", "web_search", "web_search_preview", "custom_tool_call",
               "custom_tool_call_output", "developer", "item_reference", "web_search_call",
-              "apply_patch"})
+              "apply_patch", "input_file"})
 
 with open(os.path.join(os.path.dirname(__file__), "..", "data", "apply_patch_tool.json"),
           encoding="utf-8") as _f:
@@ -39,8 +39,15 @@ class InputImage(Model):
     detail: Literal["low", "high", "original", "auto"] = "high"
 
 
+class InputFile(Model):
+    """A file is not read: the model is told one was there."""
+
+    type: Literal["input_file"]
+    text: ClassVar[str] = "[Unsupported Document]"
+
+
 # no `refusal` part: the official package refuses it as input, having no way to render it
-Part = Annotated[Union[InputText, InputImage], Field(discriminator="type")]
+Part = Annotated[Union[InputText, InputImage, InputFile], Field(discriminator="type")]
 
 
 class MessageItem(Model):
@@ -66,6 +73,7 @@ class FunctionCallItem(Model):
     call_id: str
     name: str
     arguments: str = ""
+    namespace: Optional[str] = None
 
 
 class FunctionCallOutputItem(Model):
@@ -203,6 +211,15 @@ def _parts(content, path: str) -> list:
     return join_parts(chunks)
 
 
+def qualified(ns: str, name: str, v41: bool) -> str:
+    """A namespace function's name as the model sees it: `ns::name` (V4.1) or `ns__name`
+    (V4, where an underscore already at the seam stands for the separator)."""
+    if v41:
+        return f"{ns}::{name}"
+    sep = "" if ns.endswith("_") or name.startswith("_") else "__"
+    return f"{ns}{sep}{name}"
+
+
 def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = True):
     """-> (tools, namespace_tool_map). Namespace tools become `ns::name` (V4.1, description
     `ns description\nfunction description`) or `ns__name` (V4, function description only;
@@ -219,14 +236,13 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
             tools.append(make_tool(t.name, t.description, t.parameters, t.strict, t.defer_loading))
         elif t.type == "namespace":
             for f in t.tools:
+                full = qualified(t.name, f.name, v41)
                 if v41:
-                    full = f"{t.name}::{f.name}"
-                    desc = "\n".join(x for x in (t.description, f.description) if x is not None)
-                    desc = desc if (t.description or f.description) else None
+                    # the namespace's description heads each of its functions' descriptions
+                    desc = f"{t.description}\n{f.description or ''}" if t.description \
+                        else f.description
                 else:
-                    # an underscore already at the seam stands for the separator
-                    sep = "" if t.name.endswith("_") or f.name.startswith("_") else "__"
-                    full, desc = f"{t.name}{sep}{f.name}", f.description
+                    desc = f.description
                 tools.append(make_tool(full, desc, f.parameters, f.strict, f.defer_loading))
                 ns_map[full] = (t.name, f.name)
         elif t.type == "custom":
@@ -288,7 +304,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             a = assistant(False)
             args = it.arguments if t == "function_call" else json.dumps(
                 {"input": it.input}, ensure_ascii=False)
-            a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, it.name, args)]
+            name = it.name
+            if t == "function_call" and it.namespace is not None:
+                # the call is shown as the model would have written it
+                name = qualified(it.namespace, name, v41)
+            a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, name, args)]
             called.add(it.call_id)
         elif t == "web_search_call":
             # a hosted call with nothing to render: it belongs to the assistant turn like a
@@ -305,7 +325,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 raise ConversionError(f"Duplicate tool output for call_id: {it.call_id}.",
                                       param=path)
             answered.add(it.call_id)
-            cur = None
+            # while calls of the current turn are unanswered, a further call still belongs
+            # to that turn (its outputs are listed after it)
+            if cur is None or not cur.tool_calls or \
+                    all(c.id in answered for c in cur.tool_calls):
+                cur = None
             msgs.append(Message("tool", _parts(it.output, path + ".output"), tool_call_id=it.call_id))
         else:
             role = it.role
