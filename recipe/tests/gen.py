@@ -665,3 +665,101 @@ def shape(api: str, r: random.Random, count: bool = True) -> tuple:
     if count:
         SHAPE_STATS[(api, kind)] += 1
     return kind, req
+
+
+# ---- strict schemas ---------------------------------------------------------------------
+# A strict tool or response format is read as the official package reads it: normalised
+# (keywords dropped, fixed order) or refused. `strict_schema` builds schemas that mix kept and
+# dropped keywords, and each of the refusals it knows.
+
+STRICT_OK = [
+    {"type": "string", "description": "d", "title": "T", "minLength": 1, "pattern": "^a",
+     "format": "email", "enum": ["a", "b"], "default": "a"},
+    {"description": "n", "maximum": 5, "type": "number", "minimum": 0.5, "multipleOf": 2},
+    {"type": "integer", "enum": [1], "exclusiveMinimum": 0, "format": "uuid"},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "format": "ipv4"},
+     "description": "a"},
+    {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "u", "title": "U"},
+    {"type": ["string", "null"], "description": "t", "enum": ["x", None]},
+    {"$ref": "#/$defs/X", "description": "dropped"},
+    {"type": "boolean", "default": True},
+    {"type": "null"},
+]
+STRICT_BAD = [
+    {"type": "string", "format": "date"},
+    {"type": "string", "enum": ["a", 1]},
+    {"type": "array"},
+    {"oneOf": [{"type": "string"}]},
+    {"type": "str"},
+    {"type": "object", "properties": {}},
+]
+
+
+def strict_schema(r: random.Random, top_ok: bool = True) -> dict:
+    props = {}
+    for i in range(r.randint(1, 4)):
+        p = dict(r.choice(STRICT_OK))
+        if r.random() < 0.15:
+            p = {"type": "object", "properties": {"k": dict(r.choice(STRICT_OK))},
+                 "additionalProperties": False, "description": "o", "title": "O"}
+        props[f"p{i}"] = p
+    if r.random() < 0.15:
+        props[f"bad{len(props)}"] = dict(r.choice(STRICT_BAD))
+    s = {"title": "S", "type": "object", "properties": props}
+    k = r.random()
+    if k < 0.5:
+        s["required"] = list(props)[::r.choice([1, -1])]
+    elif k < 0.6:
+        s["required"] = list(props)[1:] or ["missing"]
+    elif k < 0.65:
+        s["required"] = list(props) + [list(props)[0]]
+    elif k < 0.7:
+        s["required"] = list(props) + ["missing"]
+    a = r.random()
+    if a < 0.6:
+        s["additionalProperties"] = False
+    elif a < 0.68:
+        s["additionalProperties"] = True
+    elif a < 0.76:
+        s["additionalProperties"] = {"type": "string"}
+    if r.random() < 0.4:
+        s["$defs"] = {"X": {"type": "string"}}
+    if r.random() < 0.2:
+        s["description"] = "top"
+    if r.random() < 0.05:
+        s = r.choice([{"type": "string"}, {"anyOf": [s]}, {"type": "object"}])
+    return s
+
+
+def strict(api: str, r: random.Random) -> tuple:
+    """-> (class name, request) with a strict tool or strict response format."""
+    req = GENERATORS[api](r)
+    if api == "responses" and r.random() < 0.5:
+        req.pop("tools", None)
+        req.pop("tool_choice", None)
+        req["text"] = {"format": {"type": "json_schema", "name": "s", "strict": True,
+                                  "schema": strict_schema(r)}}
+        return "strict_format", req
+    if api == "chat" and r.random() < 0.5:
+        req.pop("tools", None)
+        req.pop("tool_choice", None)
+        req["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "s", "strict": r.choice([True, True, None]), "schema": strict_schema(r)}}
+        return "strict_format", req
+    tools = req.setdefault("tools", [])
+    if api == "chat":
+        tools[:] = [{"type": "function", "function": {"name": f"tool_{i}", "strict": True,
+                                                      "parameters": strict_schema(r)}}
+                    for i in range(max(1, len(tools)))]
+        if r.random() < 0.1:
+            tools[0]["function"].pop("parameters")
+    else:
+        tools[:] = [dict(t, strict=True, parameters=strict_schema(r)) if t["type"] == "function"
+                    else t for t in tools] or [{"type": "function", "name": "tool_0",
+                                                "strict": True, "parameters": strict_schema(r)}]
+        for t in tools:
+            if t["type"] == "namespace":
+                t["tools"] = [dict(f, strict=True, parameters=strict_schema(r)) for f in t["tools"]]
+            elif t["type"] != "function":
+                tools.remove(t)
+    return "strict_tool", req

@@ -206,3 +206,21 @@ def test_reject_missing_reasoning_matches_official(api, seed):
         return
     assert got[0] == "ok", got
     assert got[1] == want[1]
+
+
+@pytest.mark.parametrize("api,seed", [(a, s) for a in ("chat", "responses") for s in range(150)])
+def test_strict_schema_matches_official(api, seed):
+    """Strict tools and response formats: the normalised schema in the prompt and in the
+    output constraint, or the official refusal."""
+    _, req = gen.strict(api, random.Random(40_000 + seed))
+    want = oracle.render(req, api)
+    got = _ours(req, api)
+    if want[0] == "error":
+        _assert_rejected_alike(got, want)
+        return
+    assert got[0] == "ok", got
+    assert got[1] == want[1]
+    oc = want[3].inference_options.output_constraint
+    mine = dr.convert(req, api).inference.output_constraint
+    assert (None if mine is None else tuple(mine[:2])) == \
+        (None if oc is None else (oc.kind, oc.schema))

@@ -8,13 +8,14 @@ from pydantic import Field, model_validator
 
 from ..conversation import (Conversation, ImageSource, Message, ModelVersion, ToolCall,
                             ToolDefinition, join_parts)
-from ..errors import ConversionError
+from ..errors import ConversionError, RequestValidationError
+from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import (Model, no_such_tool, _TAGS, check_json_word, check_reasoning_passed, check_penalty, check_seed, check_stop,
-                     check_strict, check_temperature, check_tool_name, check_top_logprobs,
-                     check_top_p, check_unique, make_tool, output_constraint, tool_name_ok,
-                     validate)
+from .common import (Model, _TAGS, check_json_word, check_penalty, check_reasoning_passed,
+                     check_seed, check_stop, check_strict, check_temperature, check_tool_name, check_top_logprobs,
+                     check_top_p, check_unique, make_tool, no_such_tool, normalise_strict,
+                     output_constraint, tool_name_ok, validate)
 
 _TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url",
               "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"})
@@ -200,6 +201,7 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                        t.function.strict, t.defer_loading) for t in (req.tools or [])]
     check_strict(tools)
     tool_names = [t.name for t in tools]
+    all_tools = tools
     msgs = []
     src = req.messages
     n = len(src)
@@ -265,18 +267,22 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             msgs.append(Message("latest_reminder", _parts(m.content, path)))
 
     rf = req.response_format
-    fmt, schema = "text", None
+    fmt, schema, strict_format = "text", None, False
     if rf is not None and rf.type == "json_object":
         fmt = "json_object"
     elif rf is not None and rf.type == "json_schema":
         fmt = "json_schema"
-        schema = rf.json_schema.schema_ if rf.json_schema else None
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise RequestValidationError("response_format.json_schema.schema: Field required",
+                                         param="response_format")
+        schema = rf.json_schema.schema_
+        strict_format = bool(rf.json_schema.strict)
     elif rf is not None and rf.type == "regex":
         fmt, schema = "regex", rf.regex
     last_prefix = src[-1].role == "assistant" and src[-1].prefix
     so = req.stream_options
     return _finish(req.model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt,
-                   schema, last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
+                   (schema, strict_format, rf is not None, all_tools), last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
                    req.top_logprobs, req.seed, req.stop, req.stream, so is not None,
                    bool(so and so.include_usage), req.n, req.frequency_penalty,
                    req.presence_penalty, opts)
@@ -309,11 +315,16 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     here, so every rule below holds for both; the order of the checks is the official
     package's, which decides the error a request with several problems gets."""
     regex = None
+    # the model-based path passes the format details and every tool (before a named
+    # tool_choice picked one: strict tools are all read) with the schema
+    schema, strict_format, format_given, all_tools = schema if schema.__class__ is tuple else \
+        (schema, False, False, tools)
     if fmt == "regex":
         # a regex constrains decoding only; the prompt is that of plain text
         regex, fmt, schema = schema, "text", None
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
+    normalise_strict(all_tools, tool_choice, format_given)
     if tool_choice != "none":
         check_unique(tool_names)
     if tool_choice == "required" and thinking and tools:
@@ -322,8 +333,13 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
         if fmt == "json_object":
             raise ConversionError("response_format json_object should not be used with prefix",
                                   param="response_format")
-        if tools:
+        # tools, or calls in the history: a continuation could not be told from a call
+        if tools or any(m.tool_calls or m.role == "tool" for m in msgs):
             raise ConversionError("Function call should not be used with prefix", param="tools")
+    if strict_format:
+        conv.constraint_schema = normalise(schema, "json")
+    elif fmt == "json_schema":
+        check_document(schema)
     check_stop(stop)
     if has_stream_options and not stream:
         raise ConversionError("stream_options should be set along with stream = true",
@@ -466,6 +482,8 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
                     if k.__class__ is not str:
                         return None
                 params = dict(params)
+            if strict:
+                return None  # normalised on the model-based path
             strict_kinds.add(bool(strict))
             tools.append(ToolDefinition(name, desc, params, strict, defer))
         if len(strict_kinds) > 1:

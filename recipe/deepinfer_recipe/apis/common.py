@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..conversation import ToolDefinition
 from ..errors import ConversionError, RequestValidationError
 from ..jsonfmt import compact
+from ..strict import normalise
 
 
 class Model(BaseModel):
@@ -72,7 +73,8 @@ def output_constraint(conv, regex: str | None = None) -> tuple | None:
     if conv.response_format == "json_object":
         return ("json", "")
     if conv.response_format == "json_schema":
-        return ("json", compact(conv.response_schema))
+        return ("json", compact(conv.constraint_schema if conv.constraint_schema is not None
+                                else conv.response_schema))
     if conv.tools and conv.tool_choice != "none":
         return tools_constraint(conv.tools, conv.tool_choice == "required")
     if regex is not None:
@@ -220,3 +222,16 @@ def no_such_tool(name: str) -> ConversionError:
     for all three APIs)."""
     return ConversionError(f"Invalid value for 'tool_call': no function named '{name}' was "
                            "specified in the 'tools' parameter.", param="tool_choice")
+
+
+def normalise_strict(tools: list, tool_choice: str, format_given: bool) -> None:
+    """Strict tools that will be rendered are rendered (and constrained) in the official
+    normal form, and leave no room for a response format; unrendered ones are not read."""
+    if tool_choice == "none":
+        return
+    strict = [t for t in tools if t.strict]
+    for t in strict:
+        t.parameters = normalise(t.parameters, "tool")
+    if strict and format_given:
+        raise ConversionError("response_format should not be used with tools",
+                              param="response_format")

@@ -12,8 +12,9 @@ from ..errors import ConversionError
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, no_such_tool, _TAGS, check_reasoning_passed, check_stop, check_strict, check_temperature, check_tool_name,
-                     check_top_p, check_unique, make_tool, output_constraint, validate)
+from .common import (Model, _TAGS, check_reasoning_passed, check_stop, check_strict,
+                     check_temperature, check_tool_name, check_top_p, check_unique, make_tool,
+                     no_such_tool, output_constraint, validate)
 
 _TAGS.update({"text", "image", "thinking", "tool_use", "tool_result", "base64", "url", "any",
               "auto", "none", "tool", "server_tool_use", "web_search_tool_result", "document",

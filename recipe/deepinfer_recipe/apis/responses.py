@@ -9,13 +9,14 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import Field, model_validator
 
 from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
-from ..errors import ConversionError
+from ..errors import ConversionError, RequestValidationError
+from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, no_such_tool, _TAGS, check_reasoning_passed, check_strict, check_temperature, check_tool_name,
-                     check_top_logprobs, check_top_p, check_unique, make_tool, output_constraint,
-                     validate)
+from .common import (Model, _TAGS, check_reasoning_passed, check_strict, check_temperature,
+                     check_tool_name, check_top_logprobs, check_top_p, check_unique, make_tool,
+                     no_such_tool, normalise_strict, output_constraint, validate)
 
 _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "input_text",
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
@@ -161,6 +162,7 @@ class TextFormat(Model):
     type: Literal["text", "json_object", "json_schema"]
     schema_: Any = Field(default=None, alias="schema")
     name: Optional[str] = None
+    strict: Optional[bool] = None
 
 
 class TextConfig(Model):
@@ -366,6 +368,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
                               f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
     check_strict(tools)
+    all_tools = tools
     tc = req.tool_choice
     tool_choice = "auto"
     if isinstance(tc, str):
@@ -382,13 +385,20 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         # a namespace is its own name space: its functions are rendered qualified
         check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
 
-    fmt, schema = "text", None
+    fmt, schema, constraint = "text", None, None
     f = req.text.format if req.text else None
     if f is not None and f.type == "json_object":
         fmt = "json_object"
     elif f is not None and f.type == "json_schema":
+        if f.schema_ is None:
+            raise RequestValidationError("text.format.schema: Field required", param="text.format")
         fmt, schema = "json_schema", f.schema_
-    conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
+    normalise_strict(all_tools, tool_choice, f is not None)
+    if fmt == "json_schema" and f.strict:
+        constraint = normalise(schema, "json")
+    elif fmt == "json_schema":
+        check_document(schema)
+    conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema, constraint)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
