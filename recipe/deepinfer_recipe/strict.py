@@ -186,7 +186,7 @@ _NON_NEGATIVE = ("minLength", "maxLength", "minItems", "maxItems", "minPropertie
                  "maxProperties")
 
 
-def check_document(schema) -> None:
+def check_document(schema, prefix: str = "Invalid json schema: ") -> None:
     """A non-strict response-format schema is compiled as a JSON Schema document: checked
     against the meta-schema (the checks below are the ones reproduced: unique `required`,
     known type names, non-negative counts) and then every local `$ref` must resolve."""
@@ -194,18 +194,18 @@ def check_document(schema) -> None:
         if isinstance(s, dict):
             req = s.get("required")
             if isinstance(req, list) and len(req) != len({compact(x) for x in req}):
-                raise ConversionError("Invalid json schema: " + compact(req)
+                raise ConversionError(prefix + compact(req)
                                       + " has non-unique elements")
             t = s.get("type")
             for name in (t if isinstance(t, list) else [t] if isinstance(t, str) else ()):
                 if isinstance(name, str) and name not in _TYPE_NAMES:
-                    raise ConversionError(f"Invalid json schema: {compact(name)} is not valid "
+                    raise ConversionError(f"{prefix}{compact(name)} is not valid "
                                           "under any of the schemas listed in the 'anyOf' "
                                           "keyword")
             for k in _NON_NEGATIVE:
                 v = s.get(k)
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-                    raise ConversionError(f"Invalid json schema: {compact(v)} is less than the "
+                    raise ConversionError(f"{prefix}{compact(v)} is less than the "
                                           "minimum of 0")
             for v in s.values():
                 meta(v)
@@ -225,7 +225,7 @@ def check_document(schema) -> None:
                     elif isinstance(node, dict) and part in node:
                         node = node[part]
                     else:
-                        raise ConversionError(f"Invalid json schema: Pointer '{r[1:]}' does not "
+                        raise ConversionError(f"{prefix}Pointer '{r[1:]}' does not "
                                               "exist")
             for v in s.values():
                 refs(v)
@@ -253,3 +253,19 @@ def normalise(schema, what: str) -> dict:
                               if what == "tool" else
                               "The top level of the json schema must be an object.")
     return node
+
+
+def check_tool_schema(name: str, params, missing_ok: bool = True) -> None:
+    """A non-strict tool's parameters: a JSON Schema document (see check_document) whose top
+    level is an object, as the tool prompt and the parser assume."""
+    prefix = f"Invalid schema for function '{name}': "
+    if params is None:
+        if missing_ok:
+            return
+        raise ConversionError(prefix + 'null is not of types "boolean", "object"')
+    if isinstance(params, dict):
+        check_document(params, prefix)
+    t = params.get("type") if isinstance(params, dict) else None
+    if t != "object":
+        raise ConversionError(prefix + "schema must be a JSON Schema of 'type: \"object\"', got "
+                              f"'type: {compact(t)}'.")

@@ -763,3 +763,58 @@ def strict(api: str, r: random.Random) -> tuple:
             elif t["type"] != "function":
                 tools.remove(t)
     return "strict_tool", req
+
+
+# ---- tool schemas and tool types ----------------------------------------------------------
+# Non-strict tool parameters are JSON Schema documents whose top level must be an object;
+# Messages tools with a `type` are server tools.
+
+SCHEMA_VARIANTS = [
+    {"type": "object", "required": ["a", "a"], "properties": {"a": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "integer"}}},
+    {"type": "object", "properties": {"a": {"type": "strin"}}},
+    {"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}},
+    {"type": "object", "properties": {"a": {"type": ["string", "null"]}}},
+    {"type": "string"}, {}, {"properties": {}}, {"type": ["object", "null"]},
+    {"type": "object"},
+]
+
+
+def tool_schemas(api: str, r: random.Random) -> tuple:
+    """-> (class name, request) with one tool's schema (or a Messages tool's type) varied."""
+    req = GENERATORS[api](r)
+    if api == "messages" and r.random() < 0.3:
+        tools = req.setdefault("tools", [{"name": "tool_0", "input_schema": {"type": "object"}}])
+        t = r.choice(tools)
+        t["type"] = r.choice(["custom", "function", "bash_20250124", "web_search_20250305",
+                              "text_editor_20250124"])
+        return "tool_type", req
+    v = r.choice(SCHEMA_VARIANTS + [None])
+    if api == "chat":
+        tools = req.setdefault("tools", [{"type": "function", "function": {"name": "tool_0"}}])
+        f = r.choice(tools)["function"]
+        f.pop("parameters", None)
+        if v is not None:
+            f["parameters"] = v
+    elif api == "responses":
+        tools = req.setdefault("tools", [{"type": "function", "name": "tool_0"}])
+        f = r.choice([t for t in tools if t["type"] == "function"] or tools)
+        if f["type"] == "function":
+            f.pop("parameters", None)
+            if v is not None:
+                f["parameters"] = v
+    else:
+        tools = req.setdefault("tools", [{"name": "tool_0"}])
+        f = r.choice(tools)
+        f.pop("input_schema", None)
+        if v is not None:
+            f["input_schema"] = v
+    if r.random() < 0.3:
+        fmt = dict(r.choice(SCHEMA_VARIANTS))
+        if api == "chat":
+            req["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": fmt}}
+        elif api == "responses":
+            req["text"] = {"format": {"type": "json_schema", "name": "s", "schema": fmt}}
+    return "tool_schema", req

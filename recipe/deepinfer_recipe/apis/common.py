@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..conversation import ToolDefinition
 from ..errors import ConversionError, RequestValidationError
 from ..jsonfmt import compact
-from ..strict import normalise
+from ..strict import check_tool_schema, normalise
 
 
 class Model(BaseModel):
@@ -230,8 +230,11 @@ def normalise_strict(tools: list, tool_choice: str, format_given: bool) -> None:
     if tool_choice == "none":
         return
     strict = [t for t in tools if t.strict]
-    for t in strict:
-        t.parameters = normalise(t.parameters, "tool")
+    for t in tools:
+        if t.strict:
+            t.parameters = normalise(t.parameters, "tool")
+        else:
+            check_tool_schema(t.name, t.parameters)
     if strict and format_given:
         raise ConversionError("response_format should not be used with tools",
                               param="response_format")

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
 from ..errors import ConversionError
+from ..strict import check_tool_schema
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
@@ -230,7 +231,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                                         req.output_config.effort if req.output_config else None, opts)
     tools = []
     for i, t in enumerate(req.tools or []):
-        if t.type is not None and t.type not in ("custom", "function"):
+        if t.type is not None:
             if opts.messages_web_search == "reject" or not t.type.startswith("web_search"):
                 raise ConversionError(f"tools[{i}]: server tools are not supported", param=f"tools[{i}]")
             continue
@@ -251,6 +252,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         max_tokens = min(max_tokens, bound)
     check_strict(tools)
     tool_names = [t.name for t in tools]
+    all_tools = tools
     tool_choice = "auto"
     tc = req.tool_choice
     if tc is not None:
@@ -338,6 +340,9 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                     chunks.append(Message("user", [_image(b, f"{path}[{j}]")]))
             msgs += chunks
     if tool_choice != "none":
+        # `strict` is not read here: every schema is a JSON Schema document
+        for t in all_tools:
+            check_tool_schema(t.name, t.parameters, missing_ok=False)
         check_unique(tool_names)
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, "text", None)
     if tool_choice == "required" and thinking and tools:
