@@ -60,8 +60,10 @@ def validate(model_cls, body: Any):
 def tools_constraint(tools: list, required: bool) -> tuple:
     arr = []
     for t in tools:
-        d = {"type": "function", "function": {"name": t.name, "description": t.description,
-                                               "parameters": t.parameters, "strict": t.strict}}
+        # a tool without parameters takes none: the grammar needs an (empty) schema
+        d = {"type": "function", "function": {
+            "name": t.name, "description": t.description,
+            "parameters": t.parameters if t.parameters is not None else {}, "strict": t.strict}}
         if t.defer_loading:
             d["defer_loading"] = True
         arr.append(d)
@@ -69,14 +71,14 @@ def tools_constraint(tools: list, required: bool) -> tuple:
 
 
 def output_constraint(conv, regex: str | None = None) -> tuple | None:
-    """What decoding must follow: a JSON format, else the rendered tools, else a regex."""
+    """What decoding must follow: the rendered tools, else a JSON format, else a regex."""
+    if conv.tools and conv.tool_choice != "none":
+        return tools_constraint(conv.tools, conv.tool_choice == "required")
     if conv.response_format == "json_object":
         return ("json", "")
     if conv.response_format == "json_schema":
         return ("json", compact(conv.constraint_schema if conv.constraint_schema is not None
                                 else conv.response_schema))
-    if conv.tools and conv.tool_choice != "none":
-        return tools_constraint(conv.tools, conv.tool_choice == "required")
     if regex is not None:
         return ("regex", regex)
     return None
