@@ -154,6 +154,8 @@ def _check(node: dict, empty_ok: bool = False) -> None:
     `empty_ok`: an object without properties is allowed here (a tool's parameters)."""
     if node.get("type") == "object":
         props = node["properties"]
+        for p in props.values():  # the innermost problem is reported first
+            _check(p)
         if not props and not empty_ok:
             raise ConversionError("An object with no properties is not allowed.")
         req = node["required"]
@@ -169,8 +171,6 @@ def _check(node: dict, empty_ok: bool = False) -> None:
                 raise ConversionError("Required properties must match all properties in the "
                                       "object")
         node["required"] = list(props)
-        for p in props.values():
-            _check(p)
         if node["additionalProperties"] is True:
             raise ConversionError("additionalProperties should not be true")
         node["additionalProperties"] = False

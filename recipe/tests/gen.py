@@ -620,7 +620,8 @@ def _messages_shape(r: random.Random, req: dict) -> str:
         return kind
     if kind == "system_message":
         for _ in range(r.randint(1, 2)):
-            content = r.choice(["", text(r), [{"type": "text", "text": t} for t in _split(r, text(r))]])
+            content = r.choice(["", text(r),
+                                [{"type": "text", "text": t} for t in _split(r, text(r))]])
             if r.random() < 0.1:
                 content = []
             msgs.insert(r.randint(0, len(msgs)), {"role": "system", "content": content})
@@ -772,7 +773,8 @@ def strict(api: str, r: random.Random) -> tuple:
 SCHEMA_VARIANTS = [
     {"type": "object", "required": ["a", "a"], "properties": {"a": {"type": "string"}}},
     {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}},
-    {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}},
+     "$defs": {"X": {"type": "string"}}},
     {"type": "object", "properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "integer"}}},
     {"type": "object", "properties": {"a": {"type": "strin"}}},
     {"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}},
@@ -814,7 +816,8 @@ def tool_schemas(api: str, r: random.Random) -> tuple:
     if r.random() < 0.3:
         fmt = dict(r.choice(SCHEMA_VARIANTS))
         if api == "chat":
-            req["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": fmt}}
+            req["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"name": "s", "schema": fmt}}
         elif api == "responses":
             req["text"] = {"format": {"type": "json_schema", "name": "s", "schema": fmt}}
     return "tool_schema", req

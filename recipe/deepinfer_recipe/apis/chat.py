@@ -12,10 +12,10 @@ from ..errors import ConversionError, RequestValidationError
 from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import (Model, _TAGS, check_json_word, check_penalty, check_reasoning_passed,
-                     check_seed, check_stop, check_strict, check_temperature, check_tool_name, check_top_logprobs,
-                     check_top_p, check_unique, make_tool, no_such_tool, normalise_strict,
-                     output_constraint, tool_name_ok, validate)
+from .common import (Model, _TAGS, check_format_with_tools, check_json_word, check_penalty,
+                     check_reasoning_passed, check_seed, check_stop, check_temperature,
+                     check_tool_name, check_top_logprobs, check_top_p, check_unique, make_tool,
+                     no_such_tool, output_constraint, read_tool_schemas, tool_name_ok, validate)
 
 _TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url",
               "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"})
@@ -199,7 +199,6 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
 
     tools = [make_tool(t.function.name, t.function.description, t.function.parameters,
                        t.function.strict, t.defer_loading) for t in (req.tools or [])]
-    check_strict(tools)
     tool_names = [t.name for t in tools]
     all_tools = tools
     msgs = []
@@ -234,12 +233,13 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     check_reasoning_passed(src, thinking, opts, "reasoning_content")
     tc = req.tool_choice
     tool_choice = "auto"
+    missing_choice = None
     if isinstance(tc, str):
         tool_choice = tc
     elif tc is not None and tools:  # with no tools a named choice has nothing to name
         tools = [t for t in tools if t.name == tc.function.name]
-        if not tools:
-            raise no_such_tool(tc.function.name)
+        if not tools:  # refused in _finish, where the official package checks it
+            missing_choice = tc.function.name
         tool_choice = "required"
     for i, m in enumerate(src):
         role = m.role
@@ -282,7 +282,8 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     last_prefix = src[-1].role == "assistant" and src[-1].prefix
     so = req.stream_options
     return _finish(req.model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt,
-                   (schema, strict_format, rf is not None, all_tools), last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
+                   (schema, strict_format, rf is not None, all_tools, missing_choice),
+                   last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
                    req.top_logprobs, req.seed, req.stop, req.stream, so is not None,
                    bool(so and so.include_usage), req.n, req.frequency_penalty,
                    req.presence_penalty, opts)
@@ -317,14 +318,17 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     regex = None
     # the model-based path passes the format details and every tool (before a named
     # tool_choice picked one: strict tools are all read) with the schema
-    schema, strict_format, format_given, all_tools = schema if schema.__class__ is tuple else \
-        (schema, False, False, tools)
+    schema, strict_format, format_given, all_tools, missing_choice = \
+        schema if schema.__class__ is tuple else (schema, False, False, tools, None)
     if fmt == "regex":
         # a regex constrains decoding only; the prompt is that of plain text
         regex, fmt, schema = schema, "text", None
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
-    normalise_strict(all_tools, tool_choice, format_given)
+    read_tool_schemas(all_tools, tool_choice)
+    if missing_choice is not None:
+        raise no_such_tool(missing_choice)
+    check_format_with_tools(all_tools, tool_choice, format_given)
     if tool_choice != "none":
         check_unique(tool_names)
     if tool_choice == "required" and thinking and tools:

@@ -226,17 +226,22 @@ def no_such_tool(name: str) -> ConversionError:
                            "specified in the 'tools' parameter.", param="tool_choice")
 
 
-def normalise_strict(tools: list, tool_choice: str, format_given: bool) -> None:
-    """Strict tools that will be rendered are rendered (and constrained) in the official
-    normal form, and leave no room for a response format; unrendered ones are not read."""
+def read_tool_schemas(tools: list, tool_choice: str) -> None:
+    """Tools that will be rendered are read: a strict tool's parameters are rendered (and
+    constrained) in the official normal form, the others checked as JSON Schema documents.
+    With tool_choice none nothing is read."""
     if tool_choice == "none":
         return
-    strict = [t for t in tools if t.strict]
     for t in tools:
         if t.strict:
             t.parameters = normalise(t.parameters, "tool")
         else:
             check_tool_schema(t.name, t.parameters)
-    if strict and format_given:
+    check_strict(tools)
+
+
+def check_format_with_tools(tools: list, tool_choice: str, format_given: bool) -> None:
+    """Strict tools constrain the whole output: they leave no room for a response format."""
+    if tool_choice != "none" and format_given and any(t.strict for t in tools):
         raise ConversionError("response_format should not be used with tools",
                               param="response_format")

@@ -13,7 +13,7 @@ from ..strict import check_tool_schema
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, _TAGS, check_reasoning_passed, check_stop, check_strict,
+from .common import (Model, _TAGS, check_reasoning_passed, check_stop,
                      check_temperature, check_tool_name, check_top_p, check_unique, make_tool,
                      no_such_tool, output_constraint, validate)
 
@@ -147,10 +147,11 @@ def _unexpected(k: int, j: int, tid: str) -> ConversionError:
 
 
 def check_pairing(messages: list) -> None:
-    """No message may have an empty block list. Every tool_use must be answered by a tool_result at the start of the very next user
-    message, once, and every tool_result must answer a tool_use of the message before: a
-    call without its result (or the reverse) has no faithful rendering. The messages and
-    their order are the official package's, which decide the error a request gets."""
+    """No message may have an empty block list. Every tool_use must be answered by a
+    tool_result at the start of the very next user message, once, and every tool_result
+    must answer a tool_use of the message before: a call without its result (or the
+    reverse) has no faithful rendering. The messages and their order are the official
+    package's, which decide the error a request gets."""
     pending: dict = {}  # the tool_use ids of the previous message, when it is an assistant's
     caller = 0
     for k, m in enumerate(messages):
@@ -160,8 +161,8 @@ def check_pairing(messages: list) -> None:
                                   param=f"messages[{k}]")
         if pending:
             if m.role != "user" or content.__class__ is str:
-                raise ConversionError(f"messages.{k}: " + _MISSING.format(", ".join(sorted(pending))),
-                                      param=f"messages[{k}]")
+                raise ConversionError(f"messages.{k}: " + _MISSING.format(
+                    ", ".join(sorted(pending))), param=f"messages[{k}]")
             answered: set = set()
             leading = True
             for j, b in enumerate(content):
@@ -250,7 +251,6 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             raise ConversionError(f"Invalid max_tokens value, the valid range of max_tokens is "
                                   f"[1, {bound}]", param="max_tokens")
         max_tokens = min(max_tokens, bound)
-    check_strict(tools)
     tool_names = [t.name for t in tools]
     all_tools = tools
     tool_choice = "auto"

@@ -14,9 +14,10 @@ from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, _TAGS, check_reasoning_passed, check_strict, check_temperature,
-                     check_tool_name, check_top_logprobs, check_top_p, check_unique, make_tool,
-                     no_such_tool, normalise_strict, output_constraint, validate)
+from .common import (Model, _TAGS, check_format_with_tools, check_reasoning_passed,
+                     check_temperature, check_tool_name, check_top_logprobs, check_top_p,
+                     check_unique, make_tool, no_such_tool, output_constraint, read_tool_schemas,
+                     validate)
 
 _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "input_text",
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
@@ -140,7 +141,8 @@ class HostedApplyPatchTool(Model):
     type: Literal["apply_patch"]
 
 
-Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool, HostedApplyPatchTool],
+Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool,
+                       HostedApplyPatchTool],
                  Field(discriminator="type")]
 
 
@@ -367,9 +369,10 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     if max_tokens is not None and not (1 <= max_tokens <= bound):
         raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
                               f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
-    check_strict(tools)
     all_tools = tools
     tc = req.tool_choice
+    if tc != "none":
+        read_tool_schemas(tools, tc)
     tool_choice = "auto"
     if isinstance(tc, str):
         tool_choice = tc
@@ -393,7 +396,6 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         if f.schema_ is None:
             raise RequestValidationError("text.format.schema: Field required", param="text.format")
         fmt, schema = "json_schema", f.schema_
-    normalise_strict(all_tools, tool_choice, f is not None)
     if fmt == "json_schema" and f.strict:
         constraint = normalise(schema, "json")
     elif fmt == "json_schema":
@@ -404,6 +406,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
         raise ConversionError("Response input messages must contain the word 'json' in some form "
                               "to use 'text.format' of type 'json_object'.", param="text.format")
+    check_format_with_tools(all_tools, tool_choice, f is not None)
     check_temperature(req.temperature)
     check_top_p(req.top_p)
     check_top_logprobs(req.top_logprobs)
