@@ -328,7 +328,6 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     read_tool_schemas(all_tools, tool_choice)
     if missing_choice is not None:
         raise no_such_tool(missing_choice)
-    check_format_with_tools(all_tools, tool_choice, format_given)
     if tool_choice != "none":
         check_unique(tool_names)
     if tool_choice == "required" and thinking and tools:
@@ -340,6 +339,7 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
         # tools, or calls in the history: a continuation could not be told from a call
         if tools or any(m.tool_calls or m.role == "tool" for m in msgs):
             raise ConversionError("Function call should not be used with prefix", param="tools")
+    check_format_with_tools(all_tools, tool_choice, format_given)
     if strict_format:
         conv.constraint_schema = normalise(schema, "json")
     elif fmt == "json_schema":

@@ -388,7 +388,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         # a namespace is its own name space: its functions are rendered qualified
         check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
 
-    fmt, schema, constraint = "text", None, None
+    fmt, schema = "text", None
     f = req.text.format if req.text else None
     if f is not None and f.type == "json_object":
         fmt = "json_object"
@@ -396,17 +396,17 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         if f.schema_ is None:
             raise RequestValidationError("text.format.schema: Field required", param="text.format")
         fmt, schema = "json_schema", f.schema_
-    if fmt == "json_schema" and f.strict:
-        constraint = normalise(schema, "json")
-    elif fmt == "json_schema":
-        check_document(schema)
-    conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema, constraint)
+    conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
         raise ConversionError("Response input messages must contain the word 'json' in some form "
                               "to use 'text.format' of type 'json_object'.", param="text.format")
     check_format_with_tools(all_tools, tool_choice, f is not None)
+    if fmt == "json_schema" and f.strict:
+        conv.constraint_schema = normalise(schema, "json")
+    elif fmt == "json_schema":
+        check_document(schema)
     check_temperature(req.temperature)
     check_top_p(req.top_p)
     check_top_logprobs(req.top_logprobs)
