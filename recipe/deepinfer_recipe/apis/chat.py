@@ -230,7 +230,6 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             raise ConversionError("Invalid completion message: prefix set true with message which is "
                                   "not final message or message role is not assistant",
                                   param=f"messages[{i}].prefix")
-    check_reasoning_passed(src, thinking, opts, "reasoning_content")
     tc = req.tool_choice
     tool_choice = "auto"
     missing_choice = None
@@ -266,6 +265,7 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         else:
             msgs.append(Message("latest_reminder", _parts(m.content, path)))
 
+    check_reasoning_passed(src, thinking, opts, "reasoning_content", has_tools=bool(req.tools))
     rf = req.response_format
     fmt, schema, strict_format = "text", None, False
     if rf is not None and rf.type == "json_object":

@@ -200,12 +200,14 @@ def check_seed(v) -> None:
         raise _range_error("seed", "[0, 2^63)")
 
 
-def check_reasoning_passed(msgs, thinking: bool, opts, field: str, empty_ok: bool = True) -> None:
-    """With `reasoning_content_behavior: reject`, an assistant turn that called tools since the
-    last user message must bring its reasoning back: the model resumes that reasoning, and a
-    made-up empty one would mislead it. Earlier turns are not read by the model's reasoning
-    and may lack it. `msgs` are request messages or Conversation messages (both have role,
-    tool_calls and reasoning_content); `empty_ok` says whether empty reasoning counts."""
+def check_reasoning_passed(msgs, thinking: bool, opts, field: str, empty_ok: bool = True,
+                           has_tools: bool = False) -> None:
+    """With `reasoning_content_behavior: reject`, an assistant turn since the last user
+    message that called tools, or any such turn when the request has tools, must bring its
+    reasoning back: the model resumes that reasoning in an agent loop, and a made-up empty
+    one would mislead it. Earlier turns are not read by the model's reasoning and may lack
+    it. `msgs` are request messages or Conversation messages (both have role, tool_calls and
+    reasoning_content); `empty_ok` says whether empty reasoning counts."""
     if opts.reasoning_content_behavior != "reject" or not thinking:
         return
     start = 0
@@ -213,7 +215,7 @@ def check_reasoning_passed(msgs, thinking: bool, opts, field: str, empty_ok: boo
         if m.role == "user":
             start = i + 1
     for m in msgs[start:]:
-        if m.role == "assistant" and m.tool_calls and (
+        if m.role == "assistant" and (m.tool_calls or has_tools) and (
                 m.reasoning_content is None or (not empty_ok and not m.reasoning_content)):
             raise ConversionError(f"The `{field}` in the thinking mode must be passed back to "
                                   "the API.", param="messages")

@@ -243,7 +243,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     check_pairing(req.messages)
     if opts.reasoning_content_behavior == "reject":
         check_reasoning_passed([_View(m) for m in req.messages], thinking, opts,
-                               "content[].thinking")
+                               "content[].thinking", has_tools=bool(req.tools))
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
     max_tokens = req.max_tokens
     if max_tokens is not None:

@@ -363,7 +363,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     # without text) is not rendered
     msgs = [m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
             or m.reasoning_content is not None or id(m) in kept]
-    check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False)
+    if image_at is not None:
+        raise ConversionError(f"{image_at}: Image in assistant message is unsupported",
+                              param=image_at)
+    check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False,
+                           has_tools=bool(req.tools))
     max_tokens = req.max_output_tokens
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
     if max_tokens is not None and not (1 <= max_tokens <= bound):
@@ -381,9 +385,6 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         if not tools:
             raise no_such_tool(tc.name)
         tool_choice = "required"
-    if image_at is not None:
-        raise ConversionError(f"{image_at}: Image in assistant message is unsupported",
-                              param=image_at)
     if tool_choice != "none":
         # a namespace is its own name space: its functions are rendered qualified
         check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
