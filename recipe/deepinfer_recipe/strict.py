@@ -9,8 +9,10 @@ both must be reproduced byte for byte, errors included.
 """
 from __future__ import annotations
 
+import re
+
 from .errors import ConversionError
-from .jsonfmt import compact
+from .jsonfmt import _compact_c, compact
 
 FORMATS = ("email", "hostname", "ipv4", "ipv6", "uuid")
 TYPES = ("object", "string", "number", "integer", "boolean", "array", "null")
@@ -182,8 +184,8 @@ def _check(node: dict, empty_ok: bool = False) -> None:
 
 
 _TYPE_NAMES = TYPES
-_NON_NEGATIVE = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                 "maxProperties")
+_NON_NEGATIVE = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties",
+                 "minProperties")  # in the meta-schema's order
 
 
 def check_document(schema, prefix: str = "Invalid json schema: ") -> None:
@@ -191,11 +193,10 @@ def check_document(schema, prefix: str = "Invalid json schema: ") -> None:
     against the meta-schema (the checks below are the ones reproduced: unique `required`,
     known type names, non-negative counts) and then every local `$ref` must resolve."""
     def meta(s):
+        # subschemas are validated before the keywords of the schema holding them
         if isinstance(s, dict):
-            req = s.get("required")
-            if isinstance(req, list) and len(req) != len({compact(x) for x in req}):
-                raise ConversionError(prefix + compact(req)
-                                      + " has non-unique elements")
+            for v in s.values():
+                meta(v)
             t = s.get("type")
             for name in (t if isinstance(t, list) else [t] if isinstance(t, str) else ()):
                 if isinstance(name, str) and name not in _TYPE_NAMES:
@@ -207,8 +208,10 @@ def check_document(schema, prefix: str = "Invalid json schema: ") -> None:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
                     raise ConversionError(f"{prefix}{compact(v)} is less than the "
                                           "minimum of 0")
-            for v in s.values():
-                meta(v)
+            req = s.get("required")
+            if isinstance(req, list) and len(req) != len({compact(x) for x in req}):
+                raise ConversionError(prefix + compact(req)
+                                      + " has non-unique elements")
         elif isinstance(s, list):
             for v in s:
                 meta(v)
@@ -233,8 +236,31 @@ def check_document(schema, prefix: str = "Invalid json schema: ") -> None:
             for v in s:
                 refs(v)
 
+    if _plain(schema):
+        return
     meta(schema)
     refs(schema)
+
+
+_TYPE_VALUE = re.compile(r'"type":"([^"\\]*)"')
+_TRIGGERS = ('"required"', '"$ref"', '"type":[') + tuple(f'"{k}"' for k in _NON_NEGATIVE)
+
+
+def _plain(schema) -> bool:
+    """True when the compact text of `schema` shows nothing check_document could refuse (no
+    `required`, `$ref`, count keyword or type list, only known type names), which is the
+    common case and spares the walk. A false "not plain" only costs the walk."""
+    try:
+        text = _compact_c(schema)
+    except (ValueError, TypeError):
+        return False
+    for t in _TRIGGERS:
+        if t in text:
+            return False
+    for name in _TYPE_VALUE.findall(text):
+        if name not in _TYPE_NAMES:
+            return False
+    return True
 
 
 def normalise(schema, what: str) -> dict:
@@ -255,15 +281,22 @@ def normalise(schema, what: str) -> dict:
     return node
 
 
-def check_tool_schema(name: str, params, missing_ok: bool = True) -> None:
+def all_plain(schemas: list) -> bool:
+    """check_document would pass each of `schemas` (looked at together, see _plain)."""
+    return _plain(schemas)
+
+
+def check_tool_schema(name: str, params, missing_ok: bool = True,
+                      known_plain: bool = False) -> None:
     """A non-strict tool's parameters: a JSON Schema document (see check_document) whose top
-    level is an object, as the tool prompt and the parser assume."""
+    level is an object, as the tool prompt and the parser assume. `known_plain`: the caller
+    has seen that check_document has nothing to refuse."""
     prefix = f"Invalid schema for function '{name}': "
     if params is None:
         if missing_ok:
             return
         raise ConversionError(prefix + 'null is not of types "boolean", "object"')
-    if isinstance(params, dict):
+    if isinstance(params, dict) and not known_plain:
         check_document(params, prefix)
     t = params.get("type") if isinstance(params, dict) else None
     if t != "object":

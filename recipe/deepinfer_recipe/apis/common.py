@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..conversation import ToolDefinition
 from ..errors import ConversionError, RequestValidationError
 from ..jsonfmt import compact
-from ..strict import check_tool_schema, normalise
+from ..strict import all_plain, check_tool_schema, normalise
 
 
 class Model(BaseModel):
@@ -234,11 +234,13 @@ def read_tool_schemas(tools: list, tool_choice: str) -> None:
     With tool_choice none nothing is read."""
     if tool_choice == "none":
         return
+    # one look at all plain schemas together spares the per-tool walk in the common case
+    plain = all_plain([t.parameters for t in tools if not t.strict])
     for t in tools:
         if t.strict:
             t.parameters = normalise(t.parameters, "tool")
         else:
-            check_tool_schema(t.name, t.parameters)
+            check_tool_schema(t.name, t.parameters, known_plain=plain)
     check_strict(tools)
 
 
