@@ -592,12 +592,60 @@ def _chat_shape(r: random.Random, req: dict) -> str:
     return kind
 
 
+def _break_pairing(r: random.Random, msgs: list) -> None:
+    """One change to how tool_use and tool_result blocks pair up (or none, when the
+    conversation has no calls): a result dropped, repeated, moved behind text or into the
+    wrong message, an orphan result, a repeated tool_use id, text after a tool_use."""
+    users = [m for m in msgs if m["role"] == "user" and isinstance(m["content"], list)
+             and any(b["type"] == "tool_result" for b in m["content"])]
+    callers = [m for m in msgs if m["role"] == "assistant"
+               and any(b["type"] == "tool_use" for b in m["content"])]
+    how = r.choice(["drop", "repeat", "text_first", "orphan", "same_id", "text_after", "split"])
+    if how == "orphan" or not users:
+        at = r.randrange(len(msgs))
+        if msgs[at]["role"] == "user" and isinstance(msgs[at]["content"], list):
+            msgs[at]["content"].insert(0, {"type": "tool_result", "tool_use_id": "zz",
+                                           "content": "r"})
+        else:
+            msgs.insert(at, {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "zz", "content": "r"}]})
+        return
+    m = r.choice(users)
+    results = [b for b in m["content"] if b["type"] == "tool_result"]
+    if how == "drop":
+        m["content"].remove(r.choice(results))
+        if not m["content"]:
+            m["content"].append({"type": "text", "text": "go on"})
+    elif how == "repeat":
+        m["content"].insert(r.randint(0, len(m["content"])), dict(r.choice(results)))
+    elif how == "text_first":
+        m["content"].insert(0, {"type": "text", "text": text(r)})
+    elif how == "split":
+        at = msgs.index(m)
+        b = results[-1]
+        m["content"].remove(b)
+        if not m["content"]:
+            m["content"].append({"type": "text", "text": "go on"})
+        msgs.insert(at + 1, {"role": "user", "content": [b]})
+    elif callers:
+        a = r.choice(callers)
+        uses = [b for b in a["content"] if b["type"] == "tool_use"]
+        if how == "same_id":
+            a["content"].append(dict(uses[0]))
+        else:
+            a["content"].insert(a["content"].index(uses[0]) + 1, {"type": "text", "text": "and"})
+
+
 def _messages_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image",
-                     "tool_choice_unknown", "system_message", "system_message", "document"])
+                     "tool_choice_unknown", "system_message", "system_message", "document",
+                     "tool_pairing", "tool_pairing"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "messages")
     msgs = req["messages"]
+    if kind == "tool_pairing":
+        _break_pairing(r, msgs)
+        return kind
     if kind == "document":
         for m in msgs:
             if r.random() < 0.5:
