@@ -397,7 +397,9 @@ def _render_v41(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
     tools = _rendered_tools(conv)
     msgs = [m if m.role != "developer" else _as_role(m, "system") for m in conv.messages]
     first_sys = bool(msgs) and msgs[0].role == "system"
-    need_sys = first_sys or thinking or bool(tools) or conv.response_format != "text"
+    # the effort line alone does not open a system block for a conversation with no messages
+    need_sys = first_sys or (thinking and bool(msgs)) or bool(tools) or \
+        conv.response_format != "text"
     start = 0
     if need_sys:
         w.special(st.system)

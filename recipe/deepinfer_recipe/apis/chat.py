@@ -218,6 +218,10 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             raise _insufficient(caller)
         open_ids = need = None
         if m.role == "assistant":
+            if version is ModelVersion.V41 and isinstance(m.content, list) and \
+                    any(p.type == "image_url" for p in m.content):
+                raise ConversionError("Image in assistant message is not supported",
+                                      param=f"messages[{i}]")  # V4.1 reads none
             _check_assistant_shape(m.content, m.tool_calls, i)
             if m.tool_calls:
                 open_ids = {c.id for c in m.tool_calls}
@@ -326,10 +330,10 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
     read_tool_schemas(all_tools, tool_choice)
-    if missing_choice is not None:
-        raise no_such_tool(missing_choice)
     if tool_choice != "none":
         check_unique(tool_names)
+    if missing_choice is not None:
+        raise no_such_tool(missing_choice)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if last_prefix:

@@ -146,12 +146,13 @@ def _unexpected(k: int, j: int, tid: str) -> ConversionError:
                            param=f"messages[{k}].content[{j}]")
 
 
-def check_pairing(messages: list) -> None:
+def check_pairing(messages: list, v41: bool = False) -> None:
     """No message may have an empty block list. Every tool_use must be answered by a
     tool_result at the start of the very next user message, once, and every tool_result
     must answer a tool_use of the message before: a call without its result (or the
     reverse) has no faithful rendering. The messages and their order are the official
-    package's, which decide the error a request gets."""
+    package's, which decide the error a request gets. V4.1 also refuses an assistant image
+    where it meets one."""
     pending: dict = {}  # the tool_use ids of the previous message, when it is an assistant's
     caller = 0
     for k, m in enumerate(messages):
@@ -194,6 +195,9 @@ def check_pairing(messages: list) -> None:
                     raise _unexpected(k, j, b.tool_use_id)
         if m.role == "assistant" and content.__class__ is not str:
             for j, b in enumerate(content):
+                if v41 and b.type == "image":  # V4.1 reads no assistant images
+                    raise ConversionError("Image in assistant message is unsupported",
+                                          param=f"messages[{k}].content[{j}]")
                 if b.type == "tool_use":
                     if b.id in pending:
                         raise ConversionError(f"messages.{k}.content.{j}: `tool_use` ids must be "
@@ -240,7 +244,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         tools.append(make_tool(t.name, t.description, t.input_schema, t.strict, t.defer_loading))
     if not req.messages:
         raise ConversionError("messages: at least one message is required", param="messages")
-    check_pairing(req.messages)
+    check_pairing(req.messages, version is ModelVersion.V41)
     if opts.reasoning_content_behavior == "reject":
         check_reasoning_passed([_View(m) for m in req.messages], thinking, opts,
                                "content[].thinking", has_tools=bool(req.tools))
@@ -254,14 +258,15 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     tool_names = [t.name for t in tools]
     all_tools = tools
     tool_choice = "auto"
+    missing_choice = None
     tc = req.tool_choice
     if tc is not None:
         if tc.type == "none":
             tool_choice = "none"
         elif tc.type == "tool" and tools:  # with no tools there is nothing to name
             tools = [t for t in tools if t.name == tc.name]
-            if not tools:
-                raise no_such_tool(tc.name)
+            if not tools:  # refused after the tool checks, where the official package does
+                missing_choice = tc.name
             tool_choice = "required"
 
     msgs: list = []
@@ -276,7 +281,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             # V4.1 has system turns; V4 has none, so the text reaches the model as a reminder
             # in the user turn it precedes (nothing at all when empty)
             text = m.content if isinstance(m.content, str) else \
-                "\n\n".join(b.text for b in m.content if b.type == "text")
+                "\n\n".join(b.text if b.type == "text" else b.stub for b in m.content
+                            if b.type in ("text", "document"))
             if v41:
                 msgs.append(Message("system", [text]))
             elif text:
@@ -344,6 +350,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         for t in all_tools:
             check_tool_schema(t.name, t.parameters, missing_ok=False)
         check_unique(tool_names)
+    if missing_choice is not None:
+        raise no_such_tool(missing_choice)
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, "text", None)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")

@@ -229,6 +229,9 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
     `ns description\nfunction description`) or `ns__name` (V4, function description only;
     `ns_x` when the seam already has an underscore)."""
     tools, ns_map = [], {}
+    # a namespace function whose name is taken (by a function tool, or by an earlier
+    # namespace function) is numbered: name_1, name_2...
+    taken = {t.name for t in req.tools or () if t.type == "function"}
     for i, t in enumerate(req.tools or []):
         if t.type in ("function", "namespace"):
             check_tool_name(t.name, f"tools[{i}].name")
@@ -240,7 +243,12 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
             tools.append(make_tool(t.name, t.description, t.parameters, t.strict, t.defer_loading))
         elif t.type == "namespace":
             for f in t.tools:
-                full = qualified(t.name, f.name, v41)
+                full = base = qualified(t.name, f.name, v41)
+                n = 0
+                while full in taken:
+                    n += 1
+                    full = f"{base}_{n}"
+                taken.add(full)
                 if v41:
                     # the namespace's description heads each of its functions' descriptions
                     desc = f"{t.description}\n{f.description or ''}" if t.description \
@@ -277,20 +285,26 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     cur = None  # the assistant message being assembled from consecutive items
     reasoning: list = []  # the reasoning_text parts of `cur`, in order
 
+    pos: dict = {}  # id(message) -> index of the item that created it
+    at = [0]  # index of the item being read
+
     def assistant(new_if_called=True):
         nonlocal cur, reasoning
         if cur is None or (new_if_called and cur.tool_calls):
             cur = Message("assistant", [])
             reasoning = []
             msgs.append(cur)
+            pos[id(cur)] = at[0]
         return cur
 
     v41 = version is ModelVersion.V41
     kept: set = set()  # ids of the assistant turns with a message item (kept even if empty)
     called: set = set()  # call ids seen so far, and those already answered
     answered: set = set()
-    image_at = None  # V4.1: the first assistant message with an image (refused after pairing)
-    for i, it in enumerate(items):
+
+    def read_item(i: int, it) -> None:
+        nonlocal cur, reasoning
+        at[0] = i
         t = it.type
         path = f"input[{i}]"
         if t == "reasoning":
@@ -305,6 +319,8 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 reasoning.append(line)
                 a.reasoning_content = "\n".join(reasoning)
         elif t in ("function_call", "custom_tool_call"):
+            if it.call_id in called:
+                raise ConversionError(f"Duplicate 'call_id': {it.call_id}.", param=path)
             a = assistant(False)
             args = it.arguments if t == "function_call" else json.dumps(
                 {"input": it.input}, ensure_ascii=False)
@@ -319,7 +335,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             # message does, so after function calls it opens the next turn
             assistant()
         elif t == "item_reference":
-            continue
+            return
         elif t in ("function_call_output", "custom_tool_call_output"):
             # an output answers exactly one call made before it
             if it.call_id not in called:
@@ -334,19 +350,36 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             if cur is None or not cur.tool_calls or \
                     all(c.id in answered for c in cur.tool_calls):
                 cur = None
-            msgs.append(Message("tool", _parts(it.output, path + ".output"), tool_call_id=it.call_id))
+            msgs.append(Message("tool", _parts(it.output, path + ".output"),
+                                tool_call_id=it.call_id))
         else:
             role = it.role
             parts = _parts(it.content, path + ".content")
             if role == "assistant":
-                if v41 and image_at is None and any(p.__class__ is not str for p in parts):
-                    image_at = path
+                if v41 and any(p.__class__ is not str for p in parts):
+                    raise ConversionError(f"{path}: Image in assistant message is unsupported",
+                                          param=path)
                 a = assistant()
                 kept.add(id(a))
                 a.parts = join_parts([a.parts, parts]) if a.parts else parts
             else:
                 cur = None
                 msgs.append(Message(role, parts))
+                pos[id(msgs[-1])] = i
+
+    # The official package reads the items in order and reports the first problem it meets;
+    # calls left unanswered are noticed when the item that ends their batch is read. So the
+    # first problem found while reading is kept (with whether its item ends a batch) and
+    # compared with the unanswered calls found in the batches it ended or followed.
+    stop = None
+    for i, it in enumerate(items):
+        try:
+            read_item(i, it)
+        except ConversionError as e:
+            # calls and outputs continue a batch; any other item ends it
+            stop = (e, it.type not in ("function_call", "custom_tool_call",
+                                       "function_call_output", "custom_tool_call_output"))
+            break
     for k, m in enumerate(msgs):
         if m.role == "assistant" and m.tool_calls:
             outs = set()
@@ -354,18 +387,19 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             while j < len(msgs) and msgs[j].role == "tool":
                 outs.add(msgs[j].tool_call_id)
                 j += 1
+            if j == len(msgs) and stop is not None and not stop[1]:
+                break  # the batch was still open when reading stopped
             for c in m.tool_calls:
                 if c.id not in outs:
                     raise ConversionError(f"No tool output found for tool call {c.id}.",
                                           param="input")
             m.tool_calls.sort(key=lambda c: c.id)
+    if stop is not None:
+        raise stop[0]
     # an assistant turn built from items that carry nothing (a web search call, reasoning
     # without text) is not rendered
     msgs = [m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
             or m.reasoning_content is not None or id(m) in kept]
-    if image_at is not None:
-        raise ConversionError(f"{image_at}: Image in assistant message is unsupported",
-                              param=image_at)
     check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False,
                            has_tools=bool(req.tools))
     max_tokens = req.max_output_tokens
@@ -382,12 +416,12 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         tool_choice = tc
     elif tc is not None and tools:  # with no tools a named choice has nothing to name
         tools = [t for t in tools if t.name == tc.name]
-        if not tools:
-            raise no_such_tool(tc.name)
         tool_choice = "required"
     if tool_choice != "none":
         # a namespace is its own name space: its functions are rendered qualified
         check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
+    if tool_choice == "required" and not tools and isinstance(tc, NamedTool):
+        raise no_such_tool(tc.name)
 
     fmt, schema = "text", None
     f = req.text.format if req.text else None
