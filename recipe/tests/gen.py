@@ -869,3 +869,23 @@ def tool_schemas(api: str, r: random.Random) -> tuple:
         elif api == "responses":
             req["text"] = {"format": {"type": "json_schema", "name": "s", "schema": fmt}}
     return "tool_schema", req
+
+
+def combined(api: str, r: random.Random) -> tuple:
+    """-> (classes, request, options): two or three reshapings of one request, sometimes a
+    boundary value and the reject-missing-reasoning option too. Several problems in one
+    request decide which refusal is reported first, so this compares the order of checks."""
+    req = GENERATORS[api](r)
+    kinds = []
+    for _ in range(r.randint(2, 3)):
+        try:
+            kinds.append(_SHAPE[api](r, req))
+        except (ValueError, IndexError):
+            pass  # a reshaping that found nothing to work on (e.g. an emptied input)
+    if r.random() < 0.3:
+        try:
+            kinds.append(_BOUNDARY[api](r, req))
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+            pass  # a boundary change that assumes a request shape no longer there
+    opts = {"reasoning_content_behavior": "reject"} if r.random() < 0.3 else None
+    return kinds, req, opts

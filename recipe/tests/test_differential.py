@@ -250,3 +250,17 @@ def test_tool_schema_matches_official(api, seed):
     assert got[0] == "ok", got
     assert got[1] == want[1]
     _constraints_alike(req, api, want[3])
+
+
+@pytest.mark.parametrize("api,seed", [(a, s) for a in N for s in range(300)])
+def test_combined_shapes_match_official(api, seed):
+    """Several reshapings in one request: the same prompt, or the refusal the official
+    package reports first."""
+    _, req, opts = gen.combined(api, random.Random(60_000 + seed))
+    want = oracle.render(req, api, opts)
+    got = _ours(req, api, opts=opts)
+    if want[0] == "error":
+        _assert_rejected_alike(got, want)
+        return
+    assert got[0] == "ok", got
+    assert got[1] == want[1]

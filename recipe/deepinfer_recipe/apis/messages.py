@@ -215,13 +215,15 @@ def check_pairing(messages: list, v41: bool = False) -> None:
 
 class _View:
     """A request message seen as a turn: a user message of tool results only is not a user
-    turn; an assistant's reasoning is present when it has a thinking block."""
+    turn, a V4 system message is; an assistant's reasoning is present when it has a thinking
+    block."""
 
     __slots__ = ("role", "tool_calls", "reasoning_content")
 
-    def __init__(self, m: MessageParam):
+    def __init__(self, m: MessageParam, v41: bool):
         blocks = [] if isinstance(m.content, str) else m.content
-        self.role = m.role
+        # V4 has no system turns: a system message reaches it as a user turn
+        self.role = "user" if m.role == "system" and not v41 else m.role
         if m.role == "user" and blocks and all(b.type == "tool_result" for b in blocks):
             self.role = "tool"
         self.tool_calls = [b for b in blocks if b.type == "tool_use"]
@@ -246,8 +248,9 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         raise ConversionError("messages: at least one message is required", param="messages")
     check_pairing(req.messages, version is ModelVersion.V41)
     if opts.reasoning_content_behavior == "reject":
-        check_reasoning_passed([_View(m) for m in req.messages], thinking, opts,
-                               "content[].thinking", has_tools=bool(req.tools))
+        v41 = version is ModelVersion.V41
+        check_reasoning_passed([_View(m, v41) for m in req.messages], thinking, opts,
+                               "content[].thinking", has_tools=bool(tools))
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
     max_tokens = req.max_tokens
     if max_tokens is not None:

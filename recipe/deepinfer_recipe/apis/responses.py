@@ -310,14 +310,17 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         if t == "reasoning":
             # reasoning that follows an answer or a call opens the next assistant turn; the
             # parts of an item, then the items of a turn, are lines of one reasoning text
-            # (an item with no text adds no line)
+            # (an item with no text adds nothing: like a web search call it only ends a
+            # batch of calls)
+            line = "\n".join([c.text for c in it.content or ()])
+            if not line:
+                assistant()
+                return
             if cur is not None and cur.parts:
                 cur = None
             a = assistant()
-            line = "\n".join([c.text for c in it.content or ()])
-            if line:
-                reasoning.append(line)
-                a.reasoning_content = "\n".join(reasoning)
+            reasoning.append(line)
+            a.reasoning_content = "\n".join(reasoning)
         elif t in ("function_call", "custom_tool_call"):
             if it.call_id in called:
                 raise ConversionError(f"Duplicate 'call_id': {it.call_id}.", param=path)
@@ -401,7 +404,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     msgs = [m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
             or m.reasoning_content is not None or id(m) in kept]
     check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False,
-                           has_tools=bool(req.tools))
+                           has_tools=bool(tools))
     max_tokens = req.max_output_tokens
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
     if max_tokens is not None and not (1 <= max_tokens <= bound):
