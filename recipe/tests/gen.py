@@ -505,10 +505,16 @@ def _responses_shape(r: random.Random, req: dict) -> str:
             items.insert(r.randint(0, len(items)), r.choice([
                 {"type": "item_reference", "id": "msg_1"},
                 {"type": "web_search_call", "id": "ws_1", "status": "completed",
-                 "action": {"type": "search", "query": "q"}}]))
+                 "action": {"type": "search", "query": "q"}},
+                {"type": r.choice(["computer_call", "file_search_call", "mcp_call",
+                                   "local_shell_call_output", "image_generation_call",
+                                   "code_interpreter_call", "mcp_approval_request"]),
+                 "id": "h_1", "call_id": "hc_1"}]))
         if r.random() < 0.4:
             tools = req.setdefault("tools", [])
-            tools.insert(r.randint(0, len(tools)), {"type": "apply_patch"})
+            tools.insert(r.randint(0, len(tools)), {"type": r.choice([
+                "apply_patch", "apply_patch", "file_search", "mcp", "code_interpreter",
+                "local_shell", "shell", "computer_use_preview", "image_generation"])})
         return kind
     if kind == "namespace_call":
         ns, inner = r.choice([("ns", "inner"), ("n_", "f"), ("ns", "_f"), ("other", "g")])

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
 from ..errors import ConversionError, RequestValidationError
@@ -23,7 +23,7 @@ _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
               "custom", "web_search", "web_search_preview", "custom_tool_call",
               "custom_tool_call_output", "developer", "item_reference", "web_search_call",
-              "apply_patch", "input_file"})
+              "apply_patch", "input_file", "other", "hosted"})
 
 with open(os.path.join(os.path.dirname(__file__), "..", "data", "apply_patch_tool.json"),
           encoding="utf-8") as _f:
@@ -97,16 +97,36 @@ class CustomToolCallOutputItem(Model):
     output: Union[str, list[Part]]
 
 
-class DroppedItem(Model):
-    """Items that refer to state held by another server (a stored item, a hosted search):
-    nothing of them can be rendered, and the official package drops them."""
-
-    type: Literal["item_reference", "web_search_call"]
+class WebSearchCallItem(Model):
+    type: Literal["web_search_call"]
 
 
-Item = Annotated[Union[MessageItem, ReasoningItem, FunctionCallItem, FunctionCallOutputItem,
-                       CustomToolCallItem, CustomToolCallOutputItem, DroppedItem],
-                 Field(discriminator="type")]
+class OtherItem(Model):
+    """Any other item (a stored item reference, a hosted tool's call or output, an MCP
+    exchange...): state held by another server, nothing of it can be rendered, and the
+    official package skips it."""
+
+    type: str
+
+
+_ITEM_TAGS = frozenset(("message", "reasoning", "function_call", "function_call_output",
+                        "custom_tool_call", "custom_tool_call_output", "web_search_call"))
+
+
+def _item_tag(v) -> str:
+    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in _ITEM_TAGS else "other"
+
+
+Item = Annotated[Union[Annotated[MessageItem, Tag("message")],
+                       Annotated[ReasoningItem, Tag("reasoning")],
+                       Annotated[FunctionCallItem, Tag("function_call")],
+                       Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                       Annotated[CustomToolCallItem, Tag("custom_tool_call")],
+                       Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
+                       Annotated[WebSearchCallItem, Tag("web_search_call")],
+                       Annotated[OtherItem, Tag("other")]],
+                 Discriminator(_item_tag)]
 
 
 class FunctionTool(Model):
@@ -134,16 +154,29 @@ class WebSearchTool(Model):
     type: Literal["web_search", "web_search_preview"]
 
 
-class HostedApplyPatchTool(Model):
-    """The hosted apply_patch tool: its calls would be answered by another server, so the
-    official package drops it (the `custom` apply_patch tool is the one rendered)."""
+class HostedTool(Model):
+    """Any other tool type (hosted apply_patch, file search, MCP, code interpreter, shell...):
+    its calls would be answered by another server, so the official package drops it (the
+    `custom` apply_patch tool is the one rendered)."""
 
-    type: Literal["apply_patch"]
+    type: str
 
 
-Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool,
-                       HostedApplyPatchTool],
-                 Field(discriminator="type")]
+_TOOL_TAGS = frozenset(("function", "namespace", "custom", "web_search", "web_search_preview"))
+
+
+def _tool_tag(v) -> str:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in _TOOL_TAGS else "hosted"
+
+
+Tool = Annotated[Union[Annotated[FunctionTool, Tag("function")],
+                       Annotated[NamespaceTool, Tag("namespace")],
+                       Annotated[CustomTool, Tag("custom")],
+                       Annotated[WebSearchTool, Tag("web_search")],
+                       Annotated[WebSearchTool, Tag("web_search_preview")],
+                       Annotated[HostedTool, Tag("hosted")]],
+                 Discriminator(_tool_tag)]
 
 
 class NamedTool(Model):
@@ -263,7 +296,7 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
                                       "is supported.", param=f"tools[{i}]")
             ap = APPLY_PATCH["v41" if v41 else "v4"]
             tools.append(make_tool(ap["name"], ap["description"], ap["parameters"]))
-        elif t.type != "apply_patch":
+        elif t.type in ("web_search", "web_search_preview"):
             if opts.responses_web_search == "reject":
                 raise ConversionError(f"tools[{i}]: web_search is not supported", param=f"tools[{i}]")
     return tools, ns_map
@@ -337,7 +370,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             # a hosted call with nothing to render: it belongs to the assistant turn like a
             # message does, so after function calls it opens the next turn
             assistant()
-        elif t == "item_reference":
+        elif t not in _ITEM_TAGS:
             return
         elif t in ("function_call_output", "custom_tool_call_output"):
             # an output answers exactly one call made before it
