@@ -581,9 +581,18 @@ def _responses_shape(r: random.Random, req: dict) -> str:
 
 def _chat_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["empty_user", "empty_user", "assistant_image", "tool_choice_unknown",
-                     "regex"])
+                     "regex", "file_part"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "chat")
+    if kind == "file_part":
+        users = [m for m in req["messages"] if m["role"] in ("user", "system")]
+        m = r.choice(users)
+        if isinstance(m["content"], str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+        m["content"].insert(r.randint(0, len(m["content"])), {"type": "file", "file": r.choice(
+            [{"file_id": "file_1"},
+             {"filename": "a.pdf", "file_data": "data:application/pdf;base64,AA"}])})
+        return kind
     if kind == "regex":
         req["response_format"] = {"type": "regex", "regex": r.choice(["[a-z]+", "(yes|no)"])}
         return kind
@@ -645,12 +654,32 @@ def _break_pairing(r: random.Random, msgs: list) -> None:
 def _messages_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image",
                      "tool_choice_unknown", "system_message", "system_message", "document",
-                     "tool_pairing", "tool_pairing"])
+                     "tool_pairing", "tool_pairing", "server_blocks"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "messages")
     msgs = req["messages"]
     if kind == "tool_pairing":
         _break_pairing(r, msgs)
+        return kind
+    if kind == "server_blocks":
+        m = r.choice(msgs)
+        if isinstance(m["content"], str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+        m["content"].insert(r.randint(0, len(m["content"])), r.choice([
+            {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {}},
+            {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": []},
+            {"type": "tool_use", "id": "tu_x", "name": "tool_0", "input": {}}]))
+        return kind
+    if kind == "image_file":
+        m = r.choice(msgs)
+        if isinstance(m["content"], str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+        img = {"type": "image", "source": {"type": "file", "file_id": "file_1"}}
+        results = [b for b in m["content"] if b["type"] == "tool_result"]
+        if results and r.random() < 0.5:
+            results[0]["content"] = [img]
+        else:
+            m["content"].insert(r.randint(len(results), len(m["content"])), img)
         return kind
     if kind == "document":
         for m in msgs:

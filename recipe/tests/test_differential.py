@@ -164,11 +164,12 @@ def test_edge_requests_match_official(api, req):
     assert want[0] == "ok" and got[:2] == want[:2]
 
 
-S = {"chat": 150, "responses": 400, "messages": 400}
+S = {"chat": 200, "responses": 400, "messages": 500}
 SHAPE_CASES = [(api, s) for api, n in S.items() for s in range(n)]
 # every (api, class) the shape generator produces, with the least count expected
 SHAPE_MIN = {("chat", "empty_user"): 40, ("chat", "assistant_image"): 20,
              ("chat", "tool_choice_unknown"): 20, ("chat", "regex"): 20,
+             ("chat", "file_part"): 20, ("messages", "server_blocks"): 25,
              ("responses", "dropped_items"): 40, ("responses", "output_pairing"): 20,
              ("responses", "namespace_call"): 20, ("responses", "input_file"): 20,
              ("messages", "document"): 20, ("messages", "tool_pairing"): 40,

@@ -17,7 +17,7 @@ from .common import (Model, _TAGS, check_format_with_tools, check_json_word, che
                      check_tool_name, check_top_logprobs, check_top_p, check_unique, make_tool,
                      no_such_tool, output_constraint, read_tool_schemas, tool_name_ok, validate)
 
-_TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url",
+_TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url", "file",
               "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"})
 
 
@@ -36,7 +36,14 @@ class ImagePart(Model):
     image_url: ImageURL
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+class FilePart(Model):
+    """A file the recipe cannot read: V4 shows the image stub for it, V4.1 refuses it."""
+
+    type: Literal["file"]
+    file: Optional[dict[str, Any]] = None
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, FilePart], Field(discriminator="type")]
 Content = Union[str, list[ContentPart]]
 
 
@@ -169,6 +176,8 @@ def _parts(content, path: str) -> list:
     for i, p in enumerate(content):
         if p.type == "text":
             chunks.append([p.text])
+        elif p.type == "file":
+            chunks.append([ImageSource("file", p.file, "high", f"{path}[{i}]")])
         else:
             url = p.image_url.url
             chunks.append([ImageSource("data_url" if url.startswith("data:") else "url", url,
@@ -204,6 +213,7 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     msgs = []
     src = req.messages
     n = len(src)
+    v41 = version is ModelVersion.V41
     # one pass in message order, as the official package reports the first problem it meets
     open_ids = need = None
     caller = 0
@@ -216,6 +226,10 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             continue
         if need:
             raise _insufficient(caller)
+        if v41 and isinstance(m.content, list) and any(p.type == "file" for p in m.content):
+            # V4.1 accepts no file parts
+            raise ConversionError(f".messages[{i}]: file must have a file_id or file_data",
+                                  param=f"messages[{i}]")
         open_ids = need = None
         if m.role == "assistant":
             if version is ModelVersion.V41 and isinstance(m.content, list) and \

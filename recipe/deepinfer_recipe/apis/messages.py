@@ -38,9 +38,15 @@ class ImageSrcURL(Model):
     url: str
 
 
+class ImageSrcFile(Model):
+    type: Literal["file"]
+    file_id: Optional[str] = None
+
+
 class ImageBlock(Model):
     type: Literal["image"]
-    source: Annotated[Union[ImageSrcBase64, ImageSrcURL], Field(discriminator="type")]
+    source: Annotated[Union[ImageSrcBase64, ImageSrcURL, ImageSrcFile],
+                      Field(discriminator="type")]
 
 
 class ThinkingBlock(Model):
@@ -128,8 +134,19 @@ class MessagesRequest(Model):
     stream: Optional[bool] = None
 
 
-def _image(b: ImageBlock, path: str) -> ImageSource:
+def _file_id_error(where: str, path: str) -> ConversionError:
+    return ConversionError(f"{where}: file_id is not supported. Pass the image as a base64 "
+                           "data url instead.", param=path)
+
+
+def _image(b: ImageBlock, path: str, v41: bool = False, where: str = "") -> ImageSource:
+    """`where`: the block as the official messages name it, for the file_id refusal."""
     s = b.source
+    if s.type == "file":
+        # an uploaded file cannot be fetched here; V4 only shows a stub for any image
+        if v41:
+            raise _file_id_error(where, path)
+        return ImageSource("file", s.file_id, "high", path)
     if s.type == "base64":
         return ImageSource("data_url", f"data:{s.media_type};base64,{s.data}", "high", path)
     return ImageSource("url", s.url, "high", path)
@@ -146,13 +163,31 @@ def _unexpected(k: int, j: int, tid: str) -> ConversionError:
                            param=f"messages[{k}].content[{j}]")
 
 
+def _calls_outside_assistant(k: int, blocks) -> None:
+    for b in blocks:
+        t = b.type
+        if t in ("tool_use", "server_tool_use", "web_search_tool_result"):
+            name = "web_search_tool_result" if t == "web_search_tool_result" else "tool_use"
+            raise ConversionError(f"messages.{k}: `{name}` blocks can only be in `assistant` "
+                                  "messages", param=f"messages[{k}]")
+
+
 def check_pairing(messages: list, v41: bool = False) -> None:
     """No message may have an empty block list. Every tool_use must be answered by a
     tool_result at the start of the very next user message, once, and every tool_result
     must answer a tool_use of the message before: a call without its result (or the
-    reverse) has no faithful rendering. The messages and their order are the official
-    package's, which decide the error a request gets. V4.1 also refuses an assistant image
-    where it meets one."""
+    reverse) has no faithful rendering. Server tool blocks are refused, and call blocks
+    outside assistant messages. V4.1 also refuses images given as file ids (all of them
+    first) and assistant images. The messages and their order are the official package's,
+    which decide the error a request gets."""
+    if v41:
+        for k, m in enumerate(messages):
+            if m.role != "user" or m.content.__class__ is str:
+                continue
+            for j, b in enumerate(m.content):
+                if b.type == "image" and b.source.type == "file":
+                    raise _file_id_error(f"messages.{k}.content[{j}]",
+                                         f"messages[{k}].content[{j}]")
     pending: dict = {}  # the tool_use ids of the previous message, when it is an assistant's
     caller = 0
     for k, m in enumerate(messages):
@@ -160,14 +195,12 @@ def check_pairing(messages: list, v41: bool = False) -> None:
         if content.__class__ is list and not content and m.role != "system":
             raise ConversionError(f"messages.{k}: all messages must have non-empty content",
                                   param=f"messages[{k}]")
-        if pending:
-            if m.role != "user" or content.__class__ is str:
-                raise ConversionError(f"messages.{k}: " + _MISSING.format(
-                    ", ".join(sorted(pending))), param=f"messages[{k}]")
+        if m.role == "user" and content.__class__ is not str:
             answered: set = set()
-            leading = True
+            leading = bool(pending)
             for j, b in enumerate(content):
-                if b.type == "tool_result":
+                t = b.type
+                if t == "tool_result":
                     tid = b.tool_use_id
                     if tid not in pending:
                         raise _unexpected(k, j, tid)
@@ -177,36 +210,43 @@ def check_pairing(messages: list, v41: bool = False) -> None:
                             f"Found multiple `tool_result` blocks with id: {tid}",
                             param=f"messages[{k}].content[{j}]")
                     answered.add(tid)
-                elif leading:
+                    continue
+                _calls_outside_assistant(k, (b,))
+                if leading:
                     leading = False
-                    missing = [t for t in pending if t not in answered]
+                    missing = [x for x in pending if x not in answered]
                     if missing:
                         raise ConversionError(f"messages.{k}: " + _MISSING.format(
                             ", ".join(sorted(missing))), param=f"messages[{k}]")
             if leading:
-                missing = [t for t in pending if t not in answered]
+                missing = [x for x in pending if x not in answered]
                 if missing:
                     raise ConversionError(f"messages.{caller}:" + _MISSING.format(
                         ", ".join(sorted(missing))), param=f"messages[{caller}]")
-            pending = {}
-        elif m.role == "user" and content.__class__ is not str:
-            for j, b in enumerate(content):
-                if b.type == "tool_result":
-                    raise _unexpected(k, j, b.tool_use_id)
+        elif pending:
+            raise ConversionError(f"messages.{k}: " + _MISSING.format(
+                ", ".join(sorted(pending))), param=f"messages[{k}]")
+        pending = {}
+        if m.role == "system" and content.__class__ is not str:
+            _calls_outside_assistant(k, content)
         if m.role == "assistant" and content.__class__ is not str:
             for j, b in enumerate(content):
-                if v41 and b.type == "image":  # V4.1 reads no assistant images
-                    raise ConversionError("Image in assistant message is unsupported",
-                                          param=f"messages[{k}].content[{j}]")
-                if b.type == "tool_use":
+                t = b.type
+                if t == "tool_use":
                     if b.id in pending:
                         raise ConversionError(f"messages.{k}.content.{j}: `tool_use` ids must be "
                                               "unique", param=f"messages[{k}].content[{j}]")
                     pending[b.id] = True
-                elif pending and b.type != "thinking":
+                elif t in ("server_tool_use", "web_search_tool_result"):
+                    raise ConversionError("Unsupported content block: server tools are not "
+                                          "supported", param=f"messages[{k}]")
+                elif pending and t != "thinking":
                     # calls end the assistant turn: what follows them would come after results
                     raise ConversionError(f"messages.{k}.{j}: " + _MISSING.format(
                         ", ".join(sorted(pending))), param=f"messages[{k}].content[{j}]")
+                elif v41 and t == "image":  # V4.1 reads no assistant images
+                    raise ConversionError("Image in assistant message is unsupported",
+                                          param=f"messages[{k}].content[{j}]")
             caller = k
     if pending:
         raise ConversionError(f"messages.{caller}:" + _MISSING.format(", ".join(sorted(pending))),
@@ -317,7 +357,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                                               param=f"{path}[{j}]")
                     if any(parts):
                         parts.append("\n\n")
-                    parts.append(_image(b, f"{path}[{j}]"))
+                    parts.append(_image(b, f"{path}[{j}]", v41))
             if thoughts:
                 a.reasoning_content = "\n\n".join(thoughts)
             a.parts = parts
@@ -336,7 +376,9 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                     else:
                         parts = join_parts([[x.text] if x.type == "text" else [x.stub]
                                             if x.type == "document" else
-                                            [_image(x, f"{path}[{j}].content[{k}]")]
+                                            [_image(x, f"{path}[{j}].content[{k}]", v41,
+                                                   f"messages.{i}.content.{j}.tool_result"
+                                                   f".content[{k}]")]
                                             for k, x in enumerate(c)])
                     msgs += chunks
                     chunks = []
@@ -346,7 +388,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 elif b.type == "document":
                     chunks.append(Message("user", [b.stub]))
                 elif b.type == "image":
-                    chunks.append(Message("user", [_image(b, f"{path}[{j}]")]))
+                    chunks.append(Message("user", [_image(b, f"{path}[{j}]", v41,
+                                                          f"messages.{i}.content[{j}]")]))
             msgs += chunks
     if tool_choice != "none":
         # `strict` is not read here: every schema is a JSON Schema document
