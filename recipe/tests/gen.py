@@ -654,7 +654,7 @@ def _break_pairing(r: random.Random, msgs: list) -> None:
 def _messages_shape(r: random.Random, req: dict) -> str:
     kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image",
                      "tool_choice_unknown", "system_message", "system_message", "document",
-                     "tool_pairing", "tool_pairing", "server_blocks"])
+                     "tool_pairing", "tool_pairing", "server_blocks", "image_file"])
     if kind == "tool_choice_unknown":
         return _unknown_choice(r, req, "messages")
     msgs = req["messages"]

@@ -170,6 +170,7 @@ SHAPE_CASES = [(api, s) for api, n in S.items() for s in range(n)]
 SHAPE_MIN = {("chat", "empty_user"): 40, ("chat", "assistant_image"): 20,
              ("chat", "tool_choice_unknown"): 20, ("chat", "regex"): 20,
              ("chat", "file_part"): 20, ("messages", "server_blocks"): 25,
+             ("messages", "image_file"): 25,
              ("responses", "dropped_items"): 40, ("responses", "output_pairing"): 20,
              ("responses", "namespace_call"): 20, ("responses", "input_file"): 20,
              ("messages", "document"): 20, ("messages", "tool_pairing"): 40,

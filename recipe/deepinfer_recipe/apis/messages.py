@@ -177,17 +177,9 @@ def check_pairing(messages: list, v41: bool = False) -> None:
     tool_result at the start of the very next user message, once, and every tool_result
     must answer a tool_use of the message before: a call without its result (or the
     reverse) has no faithful rendering. Server tool blocks are refused, and call blocks
-    outside assistant messages. V4.1 also refuses images given as file ids (all of them
-    first) and assistant images. The messages and their order are the official package's,
-    which decide the error a request gets."""
-    if v41:
-        for k, m in enumerate(messages):
-            if m.role != "user" or m.content.__class__ is str:
-                continue
-            for j, b in enumerate(m.content):
-                if b.type == "image" and b.source.type == "file":
-                    raise _file_id_error(f"messages.{k}.content[{j}]",
-                                         f"messages[{k}].content[{j}]")
+    outside assistant messages. V4.1 also refuses images given as file ids and assistant
+    images. The messages and their order are the official package's, which decide the
+    error a request gets."""
     pending: dict = {}  # the tool_use ids of the previous message, when it is an assistant's
     caller = 0
     for k, m in enumerate(messages):
@@ -210,6 +202,11 @@ def check_pairing(messages: list, v41: bool = False) -> None:
                             f"Found multiple `tool_result` blocks with id: {tid}",
                             param=f"messages[{k}].content[{j}]")
                     answered.add(tid)
+                    if v41 and isinstance(b.content, list):
+                        for x, c in enumerate(b.content):
+                            if c.type == "image" and c.source.type == "file":
+                                raise _file_id_error(f"messages.{k}.content.{j}.tool_result"
+                                                     f".content[{x}]", f"messages[{k}]")
                     continue
                 _calls_outside_assistant(k, (b,))
                 if leading:
@@ -218,6 +215,9 @@ def check_pairing(messages: list, v41: bool = False) -> None:
                     if missing:
                         raise ConversionError(f"messages.{k}: " + _MISSING.format(
                             ", ".join(sorted(missing))), param=f"messages[{k}]")
+                if v41 and t == "image" and b.source.type == "file":
+                    raise _file_id_error(f"messages.{k}.content[{j}]",
+                                         f"messages[{k}].content[{j}]")
             if leading:
                 missing = [x for x in pending if x not in answered]
                 if missing:
@@ -229,6 +229,10 @@ def check_pairing(messages: list, v41: bool = False) -> None:
         pending = {}
         if m.role == "system" and content.__class__ is not str:
             _calls_outside_assistant(k, content)
+            for j, b in enumerate(content):
+                if v41 and b.type == "image" and b.source.type == "file":
+                    raise _file_id_error(f"messages.{k}.content[{j}]",
+                                         f"messages[{k}].content[{j}]")
         if m.role == "assistant" and content.__class__ is not str:
             for j, b in enumerate(content):
                 t = b.type
@@ -245,6 +249,9 @@ def check_pairing(messages: list, v41: bool = False) -> None:
                     raise ConversionError(f"messages.{k}.{j}: " + _MISSING.format(
                         ", ".join(sorted(pending))), param=f"messages[{k}].content[{j}]")
                 elif v41 and t == "image":  # V4.1 reads no assistant images
+                    if b.source.type == "file":
+                        raise _file_id_error(f"messages.{k}.content[{j}]",
+                                             f"messages[{k}].content[{j}]")
                     raise ConversionError("Image in assistant message is unsupported",
                                           param=f"messages[{k}].content[{j}]")
             caller = k
@@ -323,13 +330,20 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         if m.role == "system":
             # V4.1 has system turns; V4 has none, so the text reaches the model as a reminder
             # in the user turn it precedes (nothing at all when empty)
-            text = m.content if isinstance(m.content, str) else \
-                "\n\n".join(b.text if b.type == "text" else b.stub for b in m.content
-                            if b.type in ("text", "document"))
+            if isinstance(m.content, str):
+                parts = [m.content]
+            else:
+                parts = join_parts([[b.text] if b.type == "text" else [b.stub]
+                                    if b.type == "document" else [_image(b, f"{path}[{j}]")]
+                                    for j, b in enumerate(m.content)
+                                    if b.type in ("text", "document", "image")])
             if v41:
-                msgs.append(Message("system", [text]))
-            elif text:
-                msgs.append(Message("user", [f"<system-reminder>\n{text}\n</system-reminder>"]))
+                msgs.append(Message("system", parts))
+            else:
+                text = "".join(p if p.__class__ is str else "[Unsupported Image]" for p in parts)
+                if text:
+                    msgs.append(Message("user", [f"<system-reminder>\n{text}\n"
+                                                 "</system-reminder>"]))
             continue
         if isinstance(m.content, str):
             msgs.append(Message(m.role, [m.content]))
