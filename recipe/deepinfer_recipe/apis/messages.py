@@ -228,11 +228,11 @@ def check_pairing(messages: list, v41: bool = False) -> None:
                 ", ".join(sorted(pending))), param=f"messages[{k}]")
         pending = {}
         if m.role == "system" and content.__class__ is not str:
-            _calls_outside_assistant(k, content)
             for j, b in enumerate(content):
                 if v41 and b.type == "image" and b.source.type == "file":
                     raise _file_id_error(f"messages.{k}.content[{j}]",
                                          f"messages[{k}].content[{j}]")
+            _calls_outside_assistant(k, content)
         if m.role == "assistant" and content.__class__ is not str:
             for j, b in enumerate(content):
                 t = b.type
