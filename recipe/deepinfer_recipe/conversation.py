@@ -87,6 +87,9 @@ class Conversation:
     reasoning_effort: Optional[str] = None  # low | high | xhigh | max
     response_format: str = "text"  # text | json_object | json_schema
     response_schema: Any = None
+    # a strict response format constrains decoding with its normalised form, while the prompt
+    # shows the schema as sent
+    constraint_schema: Any = None
 
 
 def join_parts(chunks: list) -> list:

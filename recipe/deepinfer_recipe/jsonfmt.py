@@ -41,7 +41,7 @@ def float_v4(x: float) -> str:
     return f"{mant}e{'-' if e < 0 else '+'}{abs(e)}"
 
 
-def make_dumps(float_repr):
+def make_dumps(float_repr, item_sep: str = ", ", key_sep: str = ": "):
     def dumps(o) -> str:
         t = type(o)
         if t is str:
@@ -49,11 +49,12 @@ def make_dumps(float_repr):
         if t is dict:
             if not o:
                 return "{}"
-            return "{" + ", ".join(_STR(str(k)) + ": " + dumps(v) for k, v in o.items()) + "}"
+            return "{" + item_sep.join(_STR(str(k)) + key_sep + dumps(v)
+                                       for k, v in o.items()) + "}"
         if t is list or t is tuple:
             if not o:
                 return "[]"
-            return "[" + ", ".join(dumps(v) for v in o) + "]"
+            return "[" + item_sep.join(dumps(v) for v in o) + "]"
         if o is None:
             return "null"
         if o is True:
@@ -144,9 +145,20 @@ except NameError:  # pragma: no cover
     _compact_c = _COMPACT.encode
 
 
+_compact_py = make_dumps(float_v4, ",", ":")
+
+
 def compact(o) -> str:
-    """Compact JSON (`,` / `:`), non-ASCII unescaped: the form used in output constraints."""
+    """Compact JSON (`,` / `:`), non-ASCII unescaped: the form used in output constraints.
+    Floats are spelled as in V4 prompts (`0.00001`, `1e-7`, `1e+20`), as the official
+    constraint writer does."""
     t = type(o)
     if t is dict or t is list:
-        return _compact_c(o)
-    return json.dumps(o, ensure_ascii=False, separators=(",", ":"))
+        try:
+            s = _compact_c(o)
+        except (ValueError, TypeError):
+            return _compact_py(o)
+        if "e-" in s or "e+" in s:
+            return _compact_py(o)
+        return s
+    return _compact_py(o)

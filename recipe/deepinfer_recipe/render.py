@@ -350,6 +350,15 @@ def _rendered_tools(conv: Conversation) -> list:
     return conv.tools
 
 
+UNSUPPORTED_IMAGE = "[Unsupported Image]"
+
+
+def _text_v4(parts: list) -> str:
+    """V4 has no vision input: an image is spelled as a visible stub, so the model is told
+    something was there rather than seeing a placeholder it was never trained to resolve."""
+    return "".join(p if p.__class__ is str else UNSUPPORTED_IMAGE for p in parts)
+
+
 def _render_v4(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
     style = _STYLE_V4
     w = _Writer(st)
@@ -360,7 +369,7 @@ def _render_v4(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
     if thinking:
         w.text(EFFORT_V4[conv.reasoning_effort])
     msgs = conv.messages
-    sys_texts = [m.content for m in msgs if m.role == "system" and m.parts and m.content]
+    sys_texts = [_text_v4(m.parts) for m in msgs if m.role == "system" and m.parts and m.content]
     sys_text = "\n\n".join(sys_texts)
     extra = sys_text or tools or conv.response_format != "text"
     if extra:
@@ -388,7 +397,9 @@ def _render_v41(conv: Conversation, st: SpecialTokens) -> RenderedPrompt:
     tools = _rendered_tools(conv)
     msgs = [m if m.role != "developer" else _as_role(m, "system") for m in conv.messages]
     first_sys = bool(msgs) and msgs[0].role == "system"
-    need_sys = first_sys or thinking or bool(tools) or conv.response_format != "text"
+    # the effort line alone does not open a system block for a conversation with no messages
+    need_sys = first_sys or (thinking and bool(msgs)) or bool(tools) or \
+        conv.response_format != "text"
     start = 0
     if need_sys:
         w.special(st.system)
@@ -423,27 +434,32 @@ def _render_turns(w: _Writer, body: list, thinking: bool, keep_reasoning: bool, 
     USER, ASSISTANT, EOS = st.user, st.assistant, st.eos
     T_START, T_END = st.thinking_start, st.thinking_end
     prev = None
-    run_empty = True
+    user_text = False  # V4: the current run of user messages has written some text
     last = len(body) - 1
     for idx, m in enumerate(body):
         role = m.role
         if role == "tool" or role == "user":
             parts = m.parts
-            if role == "tool":
-                empty = False
-            else:
-                empty = not any(parts)
+            # Consecutive user/tool messages make one turn, pieces joined by a blank line.
+            # V4.1 joins every message, empty ones too; V4 first merges each run of user
+            # messages, skipping the empty ones, so an empty message adds a separator only
+            # where it is the whole user piece after a tool result.
             if prev == "user" or prev == "tool":
-                # consecutive user/tool messages: one turn, non-empty texts joined by a blank line
-                if empty:
-                    continue
-                if not run_empty:
+                if v41 or role == "tool" or prev == "tool":
                     sa("\n\n")
                     pa(False)
+                    user_text = role == "user" and any(parts)
+                elif not any(parts):
+                    continue
+                else:
+                    if user_text:
+                        sa("\n\n")
+                        pa(False)
+                    user_text = True
             else:
                 sa(USER)
                 pa(True)
-            run_empty = empty
+                user_text = role == "user" and any(parts)
             if role == "tool":
                 if len(parts) == 1 and parts[0].__class__ is str:
                     sa("<tool_result>" + parts[0] + "</tool_result>")
@@ -486,8 +502,8 @@ def _render_turns(w: _Writer, body: list, thinking: bool, keep_reasoning: bool, 
                             pa(False)
                         else:
                             w.grounded(p)
-                else:  # an image typed into assistant content stays a placeholder spelling
-                    w.text(st.image)
+                else:  # V4.1 refuses assistant images at conversion
+                    w.text(UNSUPPORTED_IMAGE)
             if m.tool_calls:
                 _dsml_block(w, m.tool_calls, style)
             if is_prefix:

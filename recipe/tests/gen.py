@@ -445,3 +445,482 @@ def boundary(api: str, r: random.Random, count: bool = True) -> tuple:
     if count:
         STATS[(api, kind)] += 1
     return kind, req
+
+
+# ---- prompt shapes ----------------------------------------------------------------------
+# Each `shape` request is an ordinary generated request reshaped in one way that changes
+# how the official package assembles the prompt (how pieces of a turn are joined, what an
+# unsupported part becomes, which inputs it drops or refuses). SHAPE_STATS counts the classes.
+
+SHAPE_STATS: Counter = Counter()
+_IMG = "https://x/y.png"
+
+
+def _items(req: dict) -> list:
+    if isinstance(req["input"], str):
+        req["input"] = [{"role": "user", "content": req["input"]}]
+    return req["input"]
+
+
+def _split(r: random.Random, t: str) -> list:
+    """A text cut into 1-3 pieces, sometimes with an empty piece in between or in front."""
+    cuts = sorted(r.randint(0, len(t)) for _ in range(r.randint(0, 2)))
+    out = [t[a:b] for a, b in zip([0] + cuts, cuts + [len(t)])]
+    if r.random() < 0.3:
+        out.insert(r.randint(0, len(out)), "")
+    return out
+
+
+def _user_at(r: random.Random, seq: list, user) -> None:
+    """Insert a user message right after a tool result or user message, or at the end before
+    the last user turn, so it lands inside a run of user/tool messages."""
+    spots = [i + 1 for i, m in enumerate(seq)
+             if m.get("role") in ("user", "tool") or m.get("type") == "function_call_output"]
+    seq.insert(r.choice(spots) if spots else len(seq), user)
+
+
+def _unknown_choice(r: random.Random, req: dict, api: str) -> str:
+    """A named tool_choice that names no tool of the request."""
+    if api == "chat":
+        req["tool_choice"] = {"type": "function", "function": {"name": "nope"}}
+    elif api == "responses":
+        req["tool_choice"] = {"type": r.choice(["function", "custom"]), "name": "nope"}
+    else:
+        req["tool_choice"] = {"type": "tool", "name": "nope"}
+    return "tool_choice_unknown"
+
+
+def _responses_shape(r: random.Random, req: dict) -> str:
+    kind = r.choice(["reasoning_parts", "reasoning_parts", "empty_user", "assistant_image",
+                     "tool_choice_unknown", "empty_input", "dropped_items", "dropped_items",
+                     "output_pairing", "namespace_call", "input_file"])
+    if kind == "tool_choice_unknown":
+        return _unknown_choice(r, req, "responses")
+    if kind == "empty_input":
+        req["input"] = []
+        return kind
+    items = _items(req)
+    if kind == "dropped_items":
+        for _ in range(r.randint(1, 3)):
+            items.insert(r.randint(0, len(items)), r.choice([
+                {"type": "item_reference", "id": "msg_1"},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed",
+                 "action": {"type": "search", "query": "q"}},
+                {"type": r.choice(["computer_call", "file_search_call", "mcp_call",
+                                   "local_shell_call_output", "image_generation_call",
+                                   "code_interpreter_call", "mcp_approval_request"]),
+                 "id": "h_1", "call_id": "hc_1"}]))
+        if r.random() < 0.4:
+            tools = req.setdefault("tools", [])
+            tools.insert(r.randint(0, len(tools)), {"type": r.choice([
+                "apply_patch", "apply_patch", "file_search", "mcp", "code_interpreter",
+                "local_shell", "shell", "computer_use_preview", "image_generation"])})
+        return kind
+    if kind == "namespace_call":
+        ns, inner = r.choice([("ns", "inner"), ("n_", "f"), ("ns", "_f"), ("other", "g")])
+        tools = req.setdefault("tools", [])
+        if not any(t.get("name") == ns for t in tools):
+            tools.append({"type": "namespace", "name": ns, "description": text(r, 2),
+                          "tools": [{"type": "function", "name": inner}]})
+        at = r.randint(0, len(items) - 1)
+        items[at:at] = [{"type": "function_call", "call_id": "nsc", "namespace": ns, "name": inner,
+                         "arguments": "{}"},
+                        {"type": "function_call_output", "call_id": "nsc", "output": text(r)}]
+        return kind
+    if kind == "input_file":
+        part = r.choice([{"type": "input_file", "file_id": "file_1"},
+                         {"type": "input_file", "filename": "a.pdf",
+                          "file_data": "data:application/pdf;base64,AAAA"}])
+        for it in items:
+            if it.get("type", "message") == "message" and r.random() < 0.5:
+                c = it["content"]
+                if isinstance(c, str):
+                    c = [{"type": "input_text" if it["role"] != "assistant" else "output_text",
+                          "text": c}]
+                c.insert(r.randint(0, len(c)), part)
+                it["content"] = c
+            elif it.get("type") == "function_call_output" and r.random() < 0.3:
+                it["output"] = [part]
+        return kind
+    if kind == "output_pairing":
+        calls = [it["call_id"] for it in items if it.get("type") == "function_call"]
+        out = {"type": "function_call_output", "output": text(r),
+               "call_id": r.choice(calls) if calls and r.random() < 0.5 else "nope"}
+        items.insert(r.randint(0, len(items)), out)
+        return kind
+    if kind == "reasoning_parts":
+        out = []
+        for it in items:
+            if it.get("type") == "reasoning" and it["content"]:
+                pieces = _split(r, it["content"][0]["text"])
+                if r.random() < 0.5:
+                    it = dict(it, content=[{"type": "reasoning_text", "text": p} for p in pieces])
+                    out.append(it)
+                else:
+                    out += [{"type": "reasoning", "summary": [],
+                             "content": [{"type": "reasoning_text", "text": p}] if p or
+                             r.random() < 0.5 else []} for p in pieces]
+                continue
+            out.append(it)
+            if it.get("role") == "assistant" and r.random() < 0.4:
+                # reasoning after an answer opens a new assistant turn
+                out += [{"type": "reasoning", "summary": [],
+                         "content": [{"type": "reasoning_text", "text": text(r)}]},
+                        {"type": "message", "role": "assistant",
+                         "content": [{"type": "output_text", "text": text(r)}]}]
+        req["input"] = out
+    elif kind == "empty_user":
+        for _ in range(r.randint(1, 2)):
+            _user_at(r, items, {"role": "user", "content": r.choice(["", "", text(r)])})
+    else:
+        items.insert(r.randint(0, len(items)), {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": r.choice(["", text(r)])},
+            {"type": "input_image", "image_url": _IMG}][::r.choice([1, -1])]})
+    return kind
+
+
+def _chat_shape(r: random.Random, req: dict) -> str:
+    kind = r.choice(["empty_user", "empty_user", "assistant_image", "tool_choice_unknown",
+                     "regex", "file_part"])
+    if kind == "tool_choice_unknown":
+        return _unknown_choice(r, req, "chat")
+    if kind == "file_part":
+        users = [m for m in req["messages"] if m["role"] in ("user", "system")]
+        m = r.choice(users)
+        if isinstance(m["content"], str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+        m["content"].insert(r.randint(0, len(m["content"])), {"type": "file", "file": r.choice(
+            [{"file_id": "file_1"},
+             {"filename": "a.pdf", "file_data": "data:application/pdf;base64,AA"}])})
+        return kind
+    if kind == "regex":
+        req["response_format"] = {"type": "regex", "regex": r.choice(["[a-z]+", "(yes|no)"])}
+        return kind
+    msgs = req["messages"]
+    if kind == "empty_user":
+        for _ in range(r.randint(1, 2)):
+            _user_at(r, msgs, {"role": "user", "content": r.choice(["", "", text(r)])})
+    else:
+        msgs.insert(r.randint(0, len(msgs) - 1), {"role": "assistant", "content": [
+            {"type": "text", "text": r.choice(["", text(r)])},
+            {"type": "image_url", "image_url": {"url": _IMG}}][::r.choice([1, -1])]})
+    return kind
+
+
+def _break_pairing(r: random.Random, msgs: list) -> None:
+    """One change to how tool_use and tool_result blocks pair up (or none, when the
+    conversation has no calls): a result dropped, repeated, moved behind text or into the
+    wrong message, an orphan result, a repeated tool_use id, text after a tool_use."""
+    users = [m for m in msgs if m["role"] == "user" and isinstance(m["content"], list)
+             and any(b["type"] == "tool_result" for b in m["content"])]
+    callers = [m for m in msgs if m["role"] == "assistant"
+               and any(b["type"] == "tool_use" for b in m["content"])]
+    how = r.choice(["drop", "repeat", "text_first", "orphan", "same_id", "text_after", "split"])
+    if how == "orphan" or not users:
+        at = r.randrange(len(msgs))
+        if msgs[at]["role"] == "user" and isinstance(msgs[at]["content"], list):
+            msgs[at]["content"].insert(0, {"type": "tool_result", "tool_use_id": "zz",
+                                           "content": "r"})
+        else:
+            msgs.insert(at, {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "zz", "content": "r"}]})
+        return
+    m = r.choice(users)
+    results = [b for b in m["content"] if b["type"] == "tool_result"]
+    if how == "drop":
+        m["content"].remove(r.choice(results))
+        if not m["content"]:
+            m["content"].append({"type": "text", "text": "go on"})
+    elif how == "repeat":
+        m["content"].insert(r.randint(0, len(m["content"])), dict(r.choice(results)))
+    elif how == "text_first":
+        m["content"].insert(0, {"type": "text", "text": text(r)})
+    elif how == "split":
+        at = msgs.index(m)
+        b = results[-1]
+        m["content"].remove(b)
+        if not m["content"]:
+            m["content"].append({"type": "text", "text": "go on"})
+        msgs.insert(at + 1, {"role": "user", "content": [b]})
+    elif callers:
+        a = r.choice(callers)
+        uses = [b for b in a["content"] if b["type"] == "tool_use"]
+        if how == "same_id":
+            a["content"].append(dict(uses[0]))
+        else:
+            a["content"].insert(a["content"].index(uses[0]) + 1, {"type": "text", "text": "and"})
+
+
+def _messages_shape(r: random.Random, req: dict) -> str:
+    kind = r.choice(["thinking_blocks", "text_blocks", "text_blocks", "assistant_image",
+                     "tool_choice_unknown", "system_message", "system_message", "document",
+                     "tool_pairing", "tool_pairing", "server_blocks", "image_file"])
+    if kind == "tool_choice_unknown":
+        return _unknown_choice(r, req, "messages")
+    msgs = req["messages"]
+    if kind == "tool_pairing":
+        _break_pairing(r, msgs)
+        return kind
+    if kind == "server_blocks":
+        m = r.choice(msgs)
+        if isinstance(m["content"], str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+        m["content"].insert(r.randint(0, len(m["content"])), r.choice([
+            {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {}},
+            {"type": "web_search_tool_result", "tool_use_id": "srv_1", "content": []},
+            {"type": "tool_use", "id": "tu_x", "name": "tool_0", "input": {}}]))
+        return kind
+    if kind == "image_file":
+        m = r.choice(msgs)
+        if isinstance(m["content"], str):
+            m["content"] = [{"type": "text", "text": m["content"]}]
+        img = {"type": "image", "source": {"type": "file", "file_id": "file_1"}}
+        results = [b for b in m["content"] if b["type"] == "tool_result"]
+        if results and r.random() < 0.5:
+            results[0]["content"] = [img]
+        else:
+            m["content"].insert(r.randint(len(results), len(m["content"])), img)
+        return kind
+    if kind == "document":
+        for m in msgs:
+            if r.random() < 0.5:
+                continue
+            doc = {"type": "document", "source": r.choice([
+                {"type": "text", "media_type": "text/plain", "data": "doc"},
+                {"type": "base64", "media_type": "application/pdf", "data": "AAAA"},
+                {"type": "url", "url": "https://x/a.pdf"}])}
+            if isinstance(m["content"], str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
+            blocks = m["content"]
+            if m["role"] == "user":
+                results = [b for b in blocks if b["type"] == "tool_result"]
+                if results and r.random() < 0.5:
+                    results[0]["content"] = [doc]
+                    continue
+                blocks.insert(r.randint(len(results), len(blocks)), doc)
+            else:
+                blocks.insert(r.randint(0, len(blocks)), doc)
+        return kind
+    if kind == "system_message":
+        for _ in range(r.randint(1, 2)):
+            content = r.choice(["", text(r),
+                                [{"type": "text", "text": t} for t in _split(r, text(r))]])
+            if r.random() < 0.1:
+                content = []
+            msgs.insert(r.randint(0, len(msgs)), {"role": "system", "content": content})
+        return kind
+    if kind == "thinking_blocks":
+        for m in msgs:
+            if m["role"] == "assistant":
+                blocks = []
+                for b in m["content"]:
+                    if b["type"] == "thinking":
+                        blocks += [dict(b, thinking=p) for p in _split(r, b["thinking"])]
+                    else:
+                        blocks.append(b)
+                m["content"] = blocks
+    elif kind == "text_blocks":
+        for m in msgs:
+            if isinstance(m["content"], str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
+            blocks = []
+            for b in m["content"]:
+                if b["type"] == "text":
+                    blocks += [dict(b, text=p) for p in _split(r, b["text"])]
+                else:
+                    blocks.append(b)
+                if r.random() < 0.2 and (m["role"] == "user" or b["type"] != "tool_use"):
+                    blocks.append({"type": "text", "text": ""})
+            m["content"] = blocks
+    else:
+        msgs.insert(r.randint(0, len(msgs) - 1), {"role": "assistant", "content": [
+            {"type": "text", "text": r.choice(["", text(r)])},
+            {"type": "image", "source": {"type": "url", "url": _IMG}}][::r.choice([1, -1])]})
+    return kind
+
+
+_SHAPE = {"chat": _chat_shape, "responses": _responses_shape, "messages": _messages_shape}
+
+
+def shape(api: str, r: random.Random, count: bool = True) -> tuple:
+    """-> (class name, request): a generated request reshaped in one way."""
+    req = GENERATORS[api](r)
+    kind = _SHAPE[api](r, req)
+    if count:
+        SHAPE_STATS[(api, kind)] += 1
+    return kind, req
+
+
+# ---- strict schemas ---------------------------------------------------------------------
+# A strict tool or response format is read as the official package reads it: normalised
+# (keywords dropped, fixed order) or refused. `strict_schema` builds schemas that mix kept and
+# dropped keywords, and each of the refusals it knows.
+
+STRICT_OK = [
+    {"type": "string", "description": "d", "title": "T", "minLength": 1, "pattern": "^a",
+     "format": "email", "enum": ["a", "b"], "default": "a"},
+    {"description": "n", "maximum": 5, "type": "number", "minimum": 0.5, "multipleOf": 2},
+    {"type": "integer", "enum": [1], "exclusiveMinimum": 0, "format": "uuid"},
+    {"type": "array", "minItems": 1, "items": {"type": "string", "format": "ipv4"},
+     "description": "a"},
+    {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "u", "title": "U"},
+    {"type": ["string", "null"], "description": "t", "enum": ["x", None]},
+    {"$ref": "#/$defs/X", "description": "dropped"},
+    {"type": "boolean", "default": True},
+    {"type": "null"},
+]
+STRICT_BAD = [
+    {"type": "string", "format": "date"},
+    {"type": "string", "enum": ["a", 1]},
+    {"type": "array"},
+    {"oneOf": [{"type": "string"}]},
+    {"type": "str"},
+    {"type": "object", "properties": {}},
+]
+
+
+def strict_schema(r: random.Random, top_ok: bool = True) -> dict:
+    props = {}
+    for i in range(r.randint(1, 4)):
+        p = dict(r.choice(STRICT_OK))
+        if r.random() < 0.15:
+            p = {"type": "object", "properties": {"k": dict(r.choice(STRICT_OK))},
+                 "additionalProperties": False, "description": "o", "title": "O"}
+        props[f"p{i}"] = p
+    if r.random() < 0.15:
+        props[f"bad{len(props)}"] = dict(r.choice(STRICT_BAD))
+    s = {"title": "S", "type": "object", "properties": props}
+    k = r.random()
+    if k < 0.5:
+        s["required"] = list(props)[::r.choice([1, -1])]
+    elif k < 0.6:
+        s["required"] = list(props)[1:] or ["missing"]
+    elif k < 0.65:
+        s["required"] = list(props) + [list(props)[0]]
+    elif k < 0.7:
+        s["required"] = list(props) + ["missing"]
+    a = r.random()
+    if a < 0.6:
+        s["additionalProperties"] = False
+    elif a < 0.68:
+        s["additionalProperties"] = True
+    elif a < 0.76:
+        s["additionalProperties"] = {"type": "string"}
+    if r.random() < 0.4:
+        s["$defs"] = {"X": {"type": "string"}}
+    if r.random() < 0.2:
+        s["description"] = "top"
+    if r.random() < 0.05:
+        s = r.choice([{"type": "string"}, {"anyOf": [s]}, {"type": "object"}])
+    return s
+
+
+def strict(api: str, r: random.Random) -> tuple:
+    """-> (class name, request) with a strict tool or strict response format."""
+    req = GENERATORS[api](r)
+    if api == "responses" and r.random() < 0.5:
+        req.pop("tools", None)
+        req.pop("tool_choice", None)
+        req["text"] = {"format": {"type": "json_schema", "name": "s", "strict": True,
+                                  "schema": strict_schema(r)}}
+        return "strict_format", req
+    if api == "chat" and r.random() < 0.5:
+        req.pop("tools", None)
+        req.pop("tool_choice", None)
+        req["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "s", "strict": r.choice([True, True, None]), "schema": strict_schema(r)}}
+        return "strict_format", req
+    tools = req.setdefault("tools", [])
+    if api == "chat":
+        tools[:] = [{"type": "function", "function": {"name": f"tool_{i}", "strict": True,
+                                                      "parameters": strict_schema(r)}}
+                    for i in range(max(1, len(tools)))]
+        if r.random() < 0.1:
+            tools[0]["function"].pop("parameters")
+    else:
+        tools[:] = [dict(t, strict=True, parameters=strict_schema(r)) if t["type"] == "function"
+                    else t for t in tools] or [{"type": "function", "name": "tool_0",
+                                                "strict": True, "parameters": strict_schema(r)}]
+        for t in tools:
+            if t["type"] == "namespace":
+                t["tools"] = [dict(f, strict=True, parameters=strict_schema(r)) for f in t["tools"]]
+            elif t["type"] != "function":
+                tools.remove(t)
+    return "strict_tool", req
+
+
+# ---- tool schemas and tool types ----------------------------------------------------------
+# Non-strict tool parameters are JSON Schema documents whose top level must be an object;
+# Messages tools with a `type` are server tools.
+
+SCHEMA_VARIANTS = [
+    {"type": "object", "required": ["a", "a"], "properties": {"a": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}},
+     "$defs": {"X": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "integer"}}},
+    {"type": "object", "properties": {"a": {"type": "strin"}}},
+    {"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}},
+    {"type": "object", "properties": {"a": {"type": ["string", "null"]}}},
+    {"type": "string"}, {}, {"properties": {}}, {"type": ["object", "null"]},
+    {"type": "object"},
+]
+
+
+def tool_schemas(api: str, r: random.Random) -> tuple:
+    """-> (class name, request) with one tool's schema (or a Messages tool's type) varied."""
+    req = GENERATORS[api](r)
+    if api == "messages" and r.random() < 0.3:
+        tools = req.setdefault("tools", [{"name": "tool_0", "input_schema": {"type": "object"}}])
+        t = r.choice(tools)
+        t["type"] = r.choice(["custom", "function", "bash_20250124", "web_search_20250305",
+                              "text_editor_20250124"])
+        return "tool_type", req
+    v = r.choice(SCHEMA_VARIANTS + [None])
+    if api == "chat":
+        tools = req.setdefault("tools", [{"type": "function", "function": {"name": "tool_0"}}])
+        f = r.choice(tools)["function"]
+        f.pop("parameters", None)
+        if v is not None:
+            f["parameters"] = v
+    elif api == "responses":
+        tools = req.setdefault("tools", [{"type": "function", "name": "tool_0"}])
+        f = r.choice([t for t in tools if t["type"] == "function"] or tools)
+        if f["type"] == "function":
+            f.pop("parameters", None)
+            if v is not None:
+                f["parameters"] = v
+    else:
+        tools = req.setdefault("tools", [{"name": "tool_0"}])
+        f = r.choice(tools)
+        f.pop("input_schema", None)
+        if v is not None:
+            f["input_schema"] = v
+    if r.random() < 0.3:
+        fmt = dict(r.choice(SCHEMA_VARIANTS))
+        if api == "chat":
+            req["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"name": "s", "schema": fmt}}
+        elif api == "responses":
+            req["text"] = {"format": {"type": "json_schema", "name": "s", "schema": fmt}}
+    return "tool_schema", req
+
+
+def combined(api: str, r: random.Random) -> tuple:
+    """-> (classes, request, options): two or three reshapings of one request, sometimes a
+    boundary value and the reject-missing-reasoning option too. Several problems in one
+    request decide which refusal is reported first, so this compares the order of checks."""
+    req = GENERATORS[api](r)
+    kinds = []
+    for _ in range(r.randint(2, 3)):
+        try:
+            kinds.append(_SHAPE[api](r, req))
+        except (ValueError, IndexError):
+            pass  # a reshaping that found nothing to work on (e.g. an emptied input)
+    if r.random() < 0.3:
+        try:
+            kinds.append(_BOUNDARY[api](r, req))
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+            pass  # a boundary change that assumes a request shape no longer there
+    opts = {"reasoning_content_behavior": "reject"} if r.random() < 0.3 else None
+    return kinds, req, opts

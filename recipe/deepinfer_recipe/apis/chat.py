@@ -4,19 +4,20 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ..conversation import (Conversation, ImageSource, Message, ToolCall, ToolDefinition,
-                            join_parts)
-from ..errors import ConversionError
+from ..conversation import (Conversation, ImageSource, Message, ModelVersion, ToolCall,
+                            ToolDefinition, join_parts)
+from ..errors import ConversionError, RequestValidationError
+from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import (Model, _TAGS, check_json_word, check_penalty, check_seed, check_stop,
-                     check_strict, check_temperature, check_tool_name, check_top_logprobs,
-                     check_top_p, check_unique, make_tool, output_constraint, tool_name_ok,
-                     validate)
+from .common import (Model, _TAGS, check_format_with_tools, check_json_word, check_penalty,
+                     check_reasoning_passed, check_seed, check_stop, check_temperature,
+                     check_tool_name, check_top_logprobs, check_top_p, check_unique, make_tool,
+                     no_such_tool, output_constraint, read_tool_schemas, tool_name_ok, validate)
 
-_TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url",
+_TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url", "file",
               "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"})
 
 
@@ -35,7 +36,14 @@ class ImagePart(Model):
     image_url: ImageURL
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+class FilePart(Model):
+    """A file the recipe cannot read: V4 shows the image stub for it, V4.1 refuses it."""
+
+    type: Literal["file"]
+    file: Optional[dict[str, Any]] = None
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, FilePart], Field(discriminator="type")]
 Content = Union[str, list[ContentPart]]
 
 
@@ -116,8 +124,15 @@ class JsonSchemaSpec(Model):
 
 
 class ResponseFormat(Model):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "regex"]
     json_schema: Optional[JsonSchemaSpec] = None
+    regex: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _regex_given(self):
+        if self.type == "regex" and self.regex is None:
+            raise ValueError("missing field `regex`")
+        return self
 
 
 class StreamOptions(Model):
@@ -161,6 +176,8 @@ def _parts(content, path: str) -> list:
     for i, p in enumerate(content):
         if p.type == "text":
             chunks.append([p.text])
+        elif p.type == "file":
+            chunks.append([ImageSource("file", p.file, "high", f"{path}[{i}]")])
         else:
             url = p.image_url.url
             chunks.append([ImageSource("data_url" if url.startswith("data:") else "url", url,
@@ -191,22 +208,12 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
 
     tools = [make_tool(t.function.name, t.function.description, t.function.parameters,
                        t.function.strict, t.defer_loading) for t in (req.tools or [])]
-    check_strict(tools)
     tool_names = [t.name for t in tools]
-    tc = req.tool_choice
-    tool_choice = "auto"
-    if isinstance(tc, str):
-        tool_choice = tc
-    elif tc is not None:
-        tools = [t for t in tools if t.name == tc.function.name]
-        if not tools:
-            raise ConversionError(f"tool_choice: function {tc.function.name!r} is not in tools",
-                                  param="tool_choice")
-        tool_choice = "required"
-
+    all_tools = tools
     msgs = []
     src = req.messages
     n = len(src)
+    v41 = version is ModelVersion.V41
     # one pass in message order, as the official package reports the first problem it meets
     open_ids = need = None
     caller = 0
@@ -219,8 +226,16 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             continue
         if need:
             raise _insufficient(caller)
+        if v41 and isinstance(m.content, list) and any(p.type == "file" for p in m.content):
+            # V4.1 accepts no file parts
+            raise ConversionError(f".messages[{i}]: file must have a file_id or file_data",
+                                  param=f"messages[{i}]")
         open_ids = need = None
         if m.role == "assistant":
+            if version is ModelVersion.V41 and isinstance(m.content, list) and \
+                    any(p.type == "image_url" for p in m.content):
+                raise ConversionError("Image in assistant message is not supported",
+                                      param=f"messages[{i}]")  # V4.1 reads none
             _check_assistant_shape(m.content, m.tool_calls, i)
             if m.tool_calls:
                 open_ids = {c.id for c in m.tool_calls}
@@ -233,6 +248,16 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             raise ConversionError("Invalid completion message: prefix set true with message which is "
                                   "not final message or message role is not assistant",
                                   param=f"messages[{i}].prefix")
+    tc = req.tool_choice
+    tool_choice = "auto"
+    missing_choice = None
+    if isinstance(tc, str):
+        tool_choice = tc
+    elif tc is not None and tools:  # with no tools a named choice has nothing to name
+        tools = [t for t in tools if t.name == tc.function.name]
+        if not tools:  # refused in _finish, where the official package checks it
+            missing_choice = tc.function.name
+        tool_choice = "required"
     for i, m in enumerate(src):
         role = m.role
         path = f"messages[{i}].content"
@@ -244,27 +269,39 @@ def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         elif role == "user":
             msgs.append(Message("user", _parts(m.content, path)))
         elif role == "assistant":
+            parts = _parts(m.content, path)
+            if version is ModelVersion.V41 and any(p.__class__ is not str for p in parts):
+                raise ConversionError("Image in assistant message is not supported",
+                                      param=f"messages[{i}]")
             calls = None
             if m.tool_calls:
                 calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
-            msgs.append(Message("assistant", _parts(m.content, path), m.reasoning_content, calls,
+            msgs.append(Message("assistant", parts, m.reasoning_content, calls,
                                 prefix=m.prefix and i == n - 1))
         elif role == "tool":
             msgs.append(Message("tool", _parts(m.content, path), tool_call_id=m.tool_call_id))
         else:
             msgs.append(Message("latest_reminder", _parts(m.content, path)))
 
+    check_reasoning_passed(src, thinking, opts, "reasoning_content", has_tools=bool(req.tools))
     rf = req.response_format
-    fmt, schema = "text", None
+    fmt, schema, strict_format = "text", None, False
     if rf is not None and rf.type == "json_object":
         fmt = "json_object"
     elif rf is not None and rf.type == "json_schema":
         fmt = "json_schema"
-        schema = rf.json_schema.schema_ if rf.json_schema else None
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise RequestValidationError("response_format.json_schema.schema: Field required",
+                                         param="response_format")
+        schema = rf.json_schema.schema_
+        strict_format = bool(rf.json_schema.strict)
+    elif rf is not None and rf.type == "regex":
+        fmt, schema = "regex", rf.regex
     last_prefix = src[-1].role == "assistant" and src[-1].prefix
     so = req.stream_options
     return _finish(req.model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt,
-                   schema, last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
+                   (schema, strict_format, rf is not None, all_tools, missing_choice),
+                   last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
                    req.top_logprobs, req.seed, req.stop, req.stream, so is not None,
                    bool(so and so.include_usage), req.n, req.frequency_penalty,
                    req.presence_penalty, opts)
@@ -296,19 +333,35 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     """The checks and results that follow building the messages. Both conversion paths end
     here, so every rule below holds for both; the order of the checks is the official
     package's, which decides the error a request with several problems gets."""
+    regex = None
+    # the model-based path passes the format details and every tool (before a named
+    # tool_choice picked one: strict tools are all read) with the schema
+    schema, strict_format, format_given, all_tools, missing_choice = \
+        schema if schema.__class__ is tuple else (schema, False, False, tools, None)
+    if fmt == "regex":
+        # a regex constrains decoding only; the prompt is that of plain text
+        regex, fmt, schema = schema, "text", None
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
+    read_tool_schemas(all_tools, tool_choice)
     if tool_choice != "none":
         check_unique(tool_names)
+    if missing_choice is not None:
+        raise no_such_tool(missing_choice)
     if tool_choice == "required" and thinking and tools:
         raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
     if last_prefix:
         if fmt == "json_object":
             raise ConversionError("response_format json_object should not be used with prefix",
                                   param="response_format")
-        if tools:
+        # tools, or calls in the history: a continuation could not be told from a call
+        if tools or any(m.tool_calls or m.role == "tool" for m in msgs):
             raise ConversionError("Function call should not be used with prefix", param="tools")
-    _check_reasoning(conv, opts)
+    check_format_with_tools(all_tools, tool_choice, format_given)
+    if strict_format:
+        conv.constraint_schema = normalise(schema, "json")
+    elif fmt == "json_schema":
+        check_document(schema)
     check_stop(stop)
     if has_stream_options and not stream:
         raise ConversionError("stream_options should be set along with stream = true",
@@ -333,7 +386,7 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     rendered_tools = bool(tools) and tool_choice != "none"
     temperature, top_p = sampling(version, thinking, rendered_tools, temperature, top_p)
     inf = InferenceOptions(max_tokens, temperature, top_p, bool(logprobs), top_logprobs,
-                           seed, output_constraint(conv))
+                           seed, output_constraint(conv, regex))
     parsing = make_parsing(conv, rendered_tools, stop, opts)
     return ConvertedRequest("chat", model, version, conv, inf, parsing, bool(stream),
                             include_usage)
@@ -390,7 +443,7 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
         v = g(k)
         if v is not None and v.__class__ is not float:
             return None
-    if g("response_format") is not None:
+    if g("response_format") is not None or opts.reasoning_content_behavior == "reject":
         return None
     stop = g("stop")
     if stop.__class__ is list:
@@ -451,6 +504,8 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
                     if k.__class__ is not str:
                         return None
                 params = dict(params)
+            if strict:
+                return None  # normalised on the model-based path
             strict_kinds.add(bool(strict))
             tools.append(ToolDefinition(name, desc, params, strict, defer))
         if len(strict_kinds) > 1:
@@ -544,17 +599,6 @@ def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequ
                    effort, "text", None, last_prefix, max_tokens, g("temperature"), g("top_p"),
                    g("logprobs"), g("top_logprobs"), g("seed"), stop, g("stream"), so is not None,
                    include_usage, g("n"), g("frequency_penalty"), g("presence_penalty"), opts)
-
-
-def _check_reasoning(conv: Conversation, opts: ConversionOptions) -> None:
-    if opts.reasoning_content_behavior != "reject" or not conv.thinking_mode:
-        return
-    if not (conv.tools and conv.tool_choice != "none"):
-        return
-    for i, m in enumerate(conv.messages):
-        if m.role == "assistant" and m.reasoning_content is None and not m.prefix:
-            raise ConversionError(f"messages[{i}]: Missing `reasoning_content` field in the assistant "
-                                  "message at message index " + str(i), param=f"messages[{i}]")
 
 
 def make_parsing(conv: Conversation, rendered_tools: bool, stop: list,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..conversation import ToolDefinition
 from ..errors import ConversionError, RequestValidationError
 from ..jsonfmt import compact
+from ..strict import all_plain, check_tool_schema, normalise
 
 
 class Model(BaseModel):
@@ -59,21 +60,27 @@ def validate(model_cls, body: Any):
 def tools_constraint(tools: list, required: bool) -> tuple:
     arr = []
     for t in tools:
-        d = {"type": "function", "function": {"name": t.name, "description": t.description,
-                                               "parameters": t.parameters, "strict": t.strict}}
+        # a tool without parameters takes none: the grammar needs an (empty) schema
+        d = {"type": "function", "function": {
+            "name": t.name, "description": t.description,
+            "parameters": t.parameters if t.parameters is not None else {}, "strict": t.strict}}
         if t.defer_loading:
             d["defer_loading"] = True
         arr.append(d)
     return ("tool_call_required" if required else "tool_call", compact(arr))
 
 
-def output_constraint(conv) -> tuple | None:
+def output_constraint(conv, regex: str | None = None) -> tuple | None:
+    """What decoding must follow: the rendered tools, else a JSON format, else a regex."""
+    if conv.tools and conv.tool_choice != "none":
+        return tools_constraint(conv.tools, conv.tool_choice == "required")
     if conv.response_format == "json_object":
         return ("json", "")
     if conv.response_format == "json_schema":
-        return ("json", compact(conv.response_schema))
-    if conv.tools and conv.tool_choice != "none":
-        return tools_constraint(conv.tools, conv.tool_choice == "required")
+        return ("json", compact(conv.constraint_schema if conv.constraint_schema is not None
+                                else conv.response_schema))
+    if regex is not None:
+        return ("regex", regex)
     return None
 
 
@@ -191,3 +198,54 @@ def check_top_logprobs(v) -> None:
 def check_seed(v) -> None:
     if v is not None and not (0 <= v < 1 << 63):
         raise _range_error("seed", "[0, 2^63)")
+
+
+def check_reasoning_passed(msgs, thinking: bool, opts, field: str, empty_ok: bool = True,
+                           has_tools: bool = False) -> None:
+    """With `reasoning_content_behavior: reject`, an assistant turn since the last user
+    message that called tools, or any such turn when the request has tools, must bring its
+    reasoning back: the model resumes that reasoning in an agent loop, and a made-up empty
+    one would mislead it. Earlier turns are not read by the model's reasoning and may lack
+    it. `msgs` are request messages or Conversation messages (both have role, tool_calls and
+    reasoning_content); `empty_ok` says whether empty reasoning counts."""
+    if opts.reasoning_content_behavior != "reject" or not thinking:
+        return
+    start = 0
+    for i, m in enumerate(msgs):
+        if m.role == "user":
+            start = i + 1
+    for m in msgs[start:]:
+        if m.role == "assistant" and (m.tool_calls or has_tools) and (
+                m.reasoning_content is None or (not empty_ok and not m.reasoning_content)):
+            raise ConversionError(f"The `{field}` in the thinking mode must be passed back to "
+                                  "the API.", param="messages")
+
+
+def no_such_tool(name: str) -> ConversionError:
+    """A named tool_choice must name a tool of the request (the wording is the official one
+    for all three APIs)."""
+    return ConversionError(f"Invalid value for 'tool_call': no function named '{name}' was "
+                           "specified in the 'tools' parameter.", param="tool_choice")
+
+
+def read_tool_schemas(tools: list, tool_choice: str) -> None:
+    """Tools that will be rendered are read: a strict tool's parameters are rendered (and
+    constrained) in the official normal form, the others checked as JSON Schema documents.
+    With tool_choice none nothing is read."""
+    if tool_choice == "none":
+        return
+    # one look at all plain schemas together spares the per-tool walk in the common case
+    plain = all_plain([t.parameters for t in tools if not t.strict])
+    for t in tools:
+        if t.strict:
+            t.parameters = normalise(t.parameters, "tool")
+        else:
+            check_tool_schema(t.name, t.parameters, known_plain=plain)
+    check_strict(tools)
+
+
+def check_format_with_tools(tools: list, tool_choice: str, format_given: bool) -> None:
+    """Strict tools constrain the whole output: they leave no room for a response format."""
+    if tool_choice != "none" and format_given and any(t.strict for t in tools):
+        raise ConversionError("response_format should not be used with tools",
+                              param="response_format")

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
-from ..errors import ConversionError
+from ..errors import ConversionError, RequestValidationError
+from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
 from .chat import make_parsing
-from .common import (Model, _TAGS, check_strict, check_temperature, check_tool_name,
-                     check_top_logprobs, check_top_p, check_unique, make_tool, output_constraint,
+from .common import (Model, _TAGS, check_format_with_tools, check_reasoning_passed,
+                     check_temperature, check_tool_name, check_top_logprobs, check_top_p,
+                     check_unique, make_tool, no_such_tool, output_constraint, read_tool_schemas,
                      validate)
 
 _TAGS.update({"message", "reasoning", "function_call", "function_call_output", "input_text",
               "output_text", "input_image", "reasoning_text", "summary_text", "namespace",
               "custom", "web_search", "web_search_preview", "custom_tool_call",
-              "custom_tool_call_output", "developer"})
+              "custom_tool_call_output", "developer", "item_reference", "web_search_call",
+              "apply_patch", "input_file", "other", "hosted"})
 
 with open(os.path.join(os.path.dirname(__file__), "..", "data", "apply_patch_tool.json"),
           encoding="utf-8") as _f:
@@ -38,8 +41,15 @@ class InputImage(Model):
     detail: Literal["low", "high", "original", "auto"] = "high"
 
 
+class InputFile(Model):
+    """A file is not read: the model is told one was there."""
+
+    type: Literal["input_file"]
+    text: ClassVar[str] = "[Unsupported Document]"
+
+
 # no `refusal` part: the official package refuses it as input, having no way to render it
-Part = Annotated[Union[InputText, InputImage], Field(discriminator="type")]
+Part = Annotated[Union[InputText, InputImage, InputFile], Field(discriminator="type")]
 
 
 class MessageItem(Model):
@@ -65,6 +75,7 @@ class FunctionCallItem(Model):
     call_id: str
     name: str
     arguments: str = ""
+    namespace: Optional[str] = None
 
 
 class FunctionCallOutputItem(Model):
@@ -86,8 +97,36 @@ class CustomToolCallOutputItem(Model):
     output: Union[str, list[Part]]
 
 
-Item = Annotated[Union[MessageItem, ReasoningItem, FunctionCallItem, FunctionCallOutputItem,
-                       CustomToolCallItem, CustomToolCallOutputItem], Field(discriminator="type")]
+class WebSearchCallItem(Model):
+    type: Literal["web_search_call"]
+
+
+class OtherItem(Model):
+    """Any other item (a stored item reference, a hosted tool's call or output, an MCP
+    exchange...): state held by another server, nothing of it can be rendered, and the
+    official package skips it."""
+
+    type: str
+
+
+_ITEM_TAGS = frozenset(("message", "reasoning", "function_call", "function_call_output",
+                        "custom_tool_call", "custom_tool_call_output", "web_search_call"))
+
+
+def _item_tag(v) -> str:
+    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in _ITEM_TAGS else "other"
+
+
+Item = Annotated[Union[Annotated[MessageItem, Tag("message")],
+                       Annotated[ReasoningItem, Tag("reasoning")],
+                       Annotated[FunctionCallItem, Tag("function_call")],
+                       Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                       Annotated[CustomToolCallItem, Tag("custom_tool_call")],
+                       Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
+                       Annotated[WebSearchCallItem, Tag("web_search_call")],
+                       Annotated[OtherItem, Tag("other")]],
+                 Discriminator(_item_tag)]
 
 
 class FunctionTool(Model):
@@ -115,8 +154,29 @@ class WebSearchTool(Model):
     type: Literal["web_search", "web_search_preview"]
 
 
-Tool = Annotated[Union[FunctionTool, NamespaceTool, CustomTool, WebSearchTool],
-                 Field(discriminator="type")]
+class HostedTool(Model):
+    """Any other tool type (hosted apply_patch, file search, MCP, code interpreter, shell...):
+    its calls would be answered by another server, so the official package drops it (the
+    `custom` apply_patch tool is the one rendered)."""
+
+    type: str
+
+
+_TOOL_TAGS = frozenset(("function", "namespace", "custom", "web_search", "web_search_preview"))
+
+
+def _tool_tag(v) -> str:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in _TOOL_TAGS else "hosted"
+
+
+Tool = Annotated[Union[Annotated[FunctionTool, Tag("function")],
+                       Annotated[NamespaceTool, Tag("namespace")],
+                       Annotated[CustomTool, Tag("custom")],
+                       Annotated[WebSearchTool, Tag("web_search")],
+                       Annotated[WebSearchTool, Tag("web_search_preview")],
+                       Annotated[HostedTool, Tag("hosted")]],
+                 Discriminator(_tool_tag)]
 
 
 class NamedTool(Model):
@@ -137,6 +197,7 @@ class TextFormat(Model):
     type: Literal["text", "json_object", "json_schema"]
     schema_: Any = Field(default=None, alias="schema")
     name: Optional[str] = None
+    strict: Optional[bool] = None
 
 
 class TextConfig(Model):
@@ -187,11 +248,23 @@ def _parts(content, path: str) -> list:
     return join_parts(chunks)
 
 
+def qualified(ns: str, name: str, v41: bool) -> str:
+    """A namespace function's name as the model sees it: `ns::name` (V4.1) or `ns__name`
+    (V4, where an underscore already at the seam stands for the separator)."""
+    if v41:
+        return f"{ns}::{name}"
+    sep = "" if ns.endswith("_") or name.startswith("_") else "__"
+    return f"{ns}{sep}{name}"
+
+
 def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = True):
     """-> (tools, namespace_tool_map). Namespace tools become `ns::name` (V4.1, description
     `ns description\nfunction description`) or `ns__name` (V4, function description only;
     `ns_x` when the seam already has an underscore)."""
     tools, ns_map = [], {}
+    # a namespace function whose name is taken (by a function tool, or by an earlier
+    # namespace function) is numbered: name_1, name_2...
+    taken = {t.name for t in req.tools or () if t.type == "function"}
     for i, t in enumerate(req.tools or []):
         if t.type in ("function", "namespace"):
             check_tool_name(t.name, f"tools[{i}].name")
@@ -203,14 +276,18 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
             tools.append(make_tool(t.name, t.description, t.parameters, t.strict, t.defer_loading))
         elif t.type == "namespace":
             for f in t.tools:
+                full = base = qualified(t.name, f.name, v41)
+                n = 0
+                while full in taken:
+                    n += 1
+                    full = f"{base}_{n}"
+                taken.add(full)
                 if v41:
-                    full = f"{t.name}::{f.name}"
-                    desc = "\n".join(x for x in (t.description, f.description) if x is not None)
-                    desc = desc if (t.description or f.description) else None
+                    # the namespace's description heads each of its functions' descriptions
+                    desc = f"{t.description}\n{f.description or ''}" if t.description \
+                        else f.description
                 else:
-                    # an underscore already at the seam stands for the separator
-                    sep = "" if t.name.endswith("_") or f.name.startswith("_") else "__"
-                    full, desc = f"{t.name}{sep}{f.name}", f.description
+                    desc = f.description
                 tools.append(make_tool(full, desc, f.parameters, f.strict, f.defer_loading))
                 ns_map[full] = (t.name, f.name)
         elif t.type == "custom":
@@ -219,7 +296,7 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
                                       "is supported.", param=f"tools[{i}]")
             ap = APPLY_PATCH["v41" if v41 else "v4"]
             tools.append(make_tool(ap["name"], ap["description"], ap["parameters"]))
-        else:
+        elif t.type in ("web_search", "web_search_preview"):
             if opts.responses_web_search == "reject":
                 raise ConversionError(f"tools[{i}]: web_search is not supported", param=f"tools[{i}]")
     return tools, ns_map
@@ -231,83 +308,164 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     version = resolve_model(req.model, opts)
     # the Responses API has no `thinking` field: reasoning.effort decides
     thinking, effort = resolve_thinking(None, req.reasoning.effort if req.reasoning else None, opts)
-    max_tokens = req.max_output_tokens
-    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
-    if max_tokens is not None and not (1 <= max_tokens <= bound):
-        raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
-                              f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
     tools, ns_map = flatten_tools(req, opts, version is ModelVersion.V41)
-    check_strict(tools)
-    tc = req.tool_choice
-    tool_choice = "auto"
-    if isinstance(tc, str):
-        tool_choice = tc
-    elif tc is not None:
-        tools = [t for t in tools if t.name == tc.name]
-        if not tools:
-            raise ConversionError(f"tool_choice: tool {tc.name!r} is not in tools", param="tool_choice")
-        tool_choice = "required"
-
+    if isinstance(req.input, list) and not req.input:
+        raise ConversionError("Input items array must not be empty", param="input")
     msgs: list = []
     if req.instructions:
         msgs.append(Message("system", [req.instructions]))
     items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     cur = None  # the assistant message being assembled from consecutive items
+    reasoning: list = []  # the reasoning_text parts of `cur`, in order
+
+    pos: dict = {}  # id(message) -> index of the item that created it
+    at = [0]  # index of the item being read
 
     def assistant(new_if_called=True):
-        nonlocal cur
+        nonlocal cur, reasoning
         if cur is None or (new_if_called and cur.tool_calls):
             cur = Message("assistant", [])
+            reasoning = []
             msgs.append(cur)
+            pos[id(cur)] = at[0]
         return cur
 
-    for i, it in enumerate(items):
+    v41 = version is ModelVersion.V41
+    kept: set = set()  # ids of the assistant turns with a message item (kept even if empty)
+    called: set = set()  # call ids seen so far, and those already answered
+    answered: set = set()
+
+    def read_item(i: int, it) -> None:
+        nonlocal cur, reasoning
+        at[0] = i
         t = it.type
         path = f"input[{i}]"
         if t == "reasoning":
+            # reasoning that follows an answer or a call opens the next assistant turn; the
+            # parts of an item, then the items of a turn, are lines of one reasoning text
+            # (an item with no text adds nothing: like a web search call it only ends a
+            # batch of calls)
+            line = "\n".join([c.text for c in it.content or ()])
+            if not line:
+                assistant()
+                return
+            if cur is not None and cur.parts:
+                cur = None
             a = assistant()
-            texts = [c.text for c in (it.content or [])]
-            a.reasoning_content = (a.reasoning_content or "") + "".join(texts)
+            reasoning.append(line)
+            a.reasoning_content = "\n".join(reasoning)
         elif t in ("function_call", "custom_tool_call"):
+            if it.call_id in called:
+                raise ConversionError(f"Duplicate 'call_id': {it.call_id}.", param=path)
             a = assistant(False)
             args = it.arguments if t == "function_call" else json.dumps(
                 {"input": it.input}, ensure_ascii=False)
-            a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, it.name, args)]
+            name = it.name
+            if t == "function_call" and it.namespace is not None:
+                # the call is shown as the model would have written it
+                name = qualified(it.namespace, name, v41)
+            a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, name, args)]
+            called.add(it.call_id)
+        elif t == "web_search_call":
+            # a hosted call with nothing to render: it belongs to the assistant turn like a
+            # message does, so after function calls it opens the next turn
+            assistant()
+        elif t not in _ITEM_TAGS:
+            return
         elif t in ("function_call_output", "custom_tool_call_output"):
-            cur = None
-            msgs.append(Message("tool", _parts(it.output, path + ".output"), tool_call_id=it.call_id))
+            # an output answers exactly one call made before it
+            if it.call_id not in called:
+                raise ConversionError(f"No tool call found for tool output with call_id "
+                                      f"{it.call_id}.", param=path)
+            if it.call_id in answered:
+                raise ConversionError(f"Duplicate tool output for call_id: {it.call_id}.",
+                                      param=path)
+            answered.add(it.call_id)
+            # while calls of the current turn are unanswered, a further call still belongs
+            # to that turn (its outputs are listed after it)
+            if cur is None or not cur.tool_calls or \
+                    all(c.id in answered for c in cur.tool_calls):
+                cur = None
+            msgs.append(Message("tool", _parts(it.output, path + ".output"),
+                                tool_call_id=it.call_id))
         else:
             role = it.role
             parts = _parts(it.content, path + ".content")
             if role == "assistant":
+                if v41 and any(p.__class__ is not str for p in parts):
+                    raise ConversionError(f"{path}: Image in assistant message is unsupported",
+                                          param=path)
                 a = assistant()
+                kept.add(id(a))
                 a.parts = join_parts([a.parts, parts]) if a.parts else parts
             else:
                 cur = None
                 msgs.append(Message(role, parts))
-    if not msgs:
-        raise ConversionError("Empty input messages", param="input")
+                pos[id(msgs[-1])] = i
+
+    # The official package reads the items in order and reports the first problem it meets;
+    # calls left unanswered are noticed when the item that ends their batch is read. So the
+    # first problem found while reading is kept (with whether its item ends a batch) and
+    # compared with the unanswered calls found in the batches it ended or followed.
+    stop = None
+    for i, it in enumerate(items):
+        try:
+            read_item(i, it)
+        except ConversionError as e:
+            # calls and outputs continue a batch; any other item ends it
+            stop = (e, it.type not in ("function_call", "custom_tool_call",
+                                       "function_call_output", "custom_tool_call_output"))
+            break
     for k, m in enumerate(msgs):
         if m.role == "assistant" and m.tool_calls:
-            m.tool_calls.sort(key=lambda c: c.id)
             outs = set()
             j = k + 1
             while j < len(msgs) and msgs[j].role == "tool":
                 outs.add(msgs[j].tool_call_id)
                 j += 1
+            if j == len(msgs) and stop is not None and not stop[1]:
+                break  # the batch was still open when reading stopped
             for c in m.tool_calls:
                 if c.id not in outs:
                     raise ConversionError(f"No tool output found for tool call {c.id}.",
                                           param="input")
+            m.tool_calls.sort(key=lambda c: c.id)
+    if stop is not None:
+        raise stop[0]
+    # an assistant turn built from items that carry nothing (a web search call, reasoning
+    # without text) is not rendered
+    msgs = [m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
+            or m.reasoning_content is not None or id(m) in kept]
+    check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False,
+                           has_tools=bool(tools))
+    max_tokens = req.max_output_tokens
+    bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
+    if max_tokens is not None and not (1 <= max_tokens <= bound):
+        raise ConversionError(f"Invalid max_output_tokens value, the valid range of "
+                              f"max_output_tokens is [1, {bound}]", param="max_output_tokens")
+    all_tools = tools
+    tc = req.tool_choice
+    if tc != "none":
+        read_tool_schemas(tools, tc)
+    tool_choice = "auto"
+    if isinstance(tc, str):
+        tool_choice = tc
+    elif tc is not None and tools:  # with no tools a named choice has nothing to name
+        tools = [t for t in tools if t.name == tc.name]
+        tool_choice = "required"
     if tool_choice != "none":
         # a namespace is its own name space: its functions are rendered qualified
         check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
+    if tool_choice == "required" and not tools and isinstance(tc, NamedTool):
+        raise no_such_tool(tc.name)
 
     fmt, schema = "text", None
     f = req.text.format if req.text else None
     if f is not None and f.type == "json_object":
         fmt = "json_object"
     elif f is not None and f.type == "json_schema":
+        if f.schema_ is None:
+            raise RequestValidationError("text.format.schema: Field required", param="text.format")
         fmt, schema = "json_schema", f.schema_
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     if tool_choice == "required" and thinking and tools:
@@ -315,6 +473,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     if fmt == "json_object" and not any("json" in m.content.lower() for m in msgs):
         raise ConversionError("Response input messages must contain the word 'json' in some form "
                               "to use 'text.format' of type 'json_object'.", param="text.format")
+    check_format_with_tools(all_tools, tool_choice, f is not None)
+    if fmt == "json_schema" and f.strict:
+        conv.constraint_schema = normalise(schema, "json")
+    elif fmt == "json_schema":
+        check_document(schema)
     check_temperature(req.temperature)
     check_top_p(req.top_p)
     check_top_logprobs(req.top_logprobs)
