@@ -41,6 +41,7 @@ from .compiled import ATTENTION_OP, ENGRAM_OP, CompiledBody, PagedForward, attac
 from .spec_decode import dspark_tokens
 
 logger = logging.getLogger("deepinfer")
+server_log = logging.getLogger("vllm.deepinfer")  # under vLLM's configured logger: lines the server log must show
 
 
 def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tensor, metadata: dict,
@@ -105,11 +106,11 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                                  layer_names=[owner.layer_name for owner in self.window_caches])
         mode = vllm_config.compilation_config.mode
         if self.body.do_not_compile:
-            logger.info("deepinfer: the model body runs eagerly (compilation mode %s%s)", mode.name,
-                        ", DSpark speculation" if with_drafter else "")
+            server_log.info("deepinfer: the model body runs eagerly (compilation mode %s%s)", mode.name,
+                            ", DSpark speculation" if with_drafter else "")
         else:
-            logger.info("deepinfer: vLLM compiles the model body (compilation mode %s); paged-cache work runs "
-                        "in the opaque ops %s", mode.name, ", ".join((ATTENTION_OP, ENGRAM_OP)))
+            server_log.info("deepinfer: vLLM compiles the model body (compilation mode %s); paged-cache work runs "
+                            "in the opaque ops %s", mode.name, ", ".join((ATTENTION_OP, ENGRAM_OP)))
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
 

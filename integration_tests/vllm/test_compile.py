@@ -89,6 +89,7 @@ def test_default_server_compiles_and_equals_the_eager_server_and_core(openai_cli
     finally:
         stop_process_group(process)
     assert "'mode': <CompilationMode.NONE" in eager_log.read_text()
+    assert "the model body runs eagerly" in eager_log.read_text()
     assert eager_prompt_ids == prompt_ids
     assert compiled_ids == eager_ids
     assert compiled_ids == generate(core_model, prompt_ids, SamplingParams(max_new_tokens=24, stop_token_ids=(1,)))
