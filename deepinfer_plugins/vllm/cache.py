@@ -85,6 +85,7 @@ class PagedMetadata:
     query_start_loc: list[int]
     seq_lens: list[int]
     num_actual_tokens: int
+    forward: object = None  # compiled.PagedForward of this step, set by the model before its body runs
 
 
 class StoredPositions:

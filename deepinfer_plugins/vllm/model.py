@@ -1,7 +1,10 @@
 """vLLM model class for DeepSeek-V4.1: maps vLLM's flattened batch and paged caches onto the core model.
 
 Nothing here computes model math: the forward builds one ``SequenceChunk`` per request (rows, start position,
-a ``PagedSequenceState`` over vLLM's caches) and calls ``DeepseekV41Model.hidden_states``. Weight names are the
+a ``PagedSequenceState`` over vLLM's caches), once per step and eagerly, then runs ``CompiledBody``
+(compiled.py), which vLLM compiles: the core model's layers with each layer's cache work in an opaque op that
+runs the core's attention over those chunks. With DSpark the forward stays eager and calls
+``DeepseekV41Model.hidden_states``, which captures the drafter's features. Weight names are the
 official checkpoint names under ``model.``; quantised tensors are loaded as stored (see models/.../linear.py).
 
 Tensor parallelism: after loading, every rank keeps its shard of each block (attention heads by output group, every
@@ -24,7 +27,6 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from vllm.forward_context import get_forward_context
 
 from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
@@ -35,22 +37,11 @@ from ..models.deepseek_v41.sharding import shard_blocks
 from ..ops.cache import to_device
 from .cache import (PagedSequenceState, PagedStep, StoredPositions, make_cache_owners,
                     make_dspark_feature_owner, write_dspark_context)
+from .compiled import ATTENTION_OP, ENGRAM_OP, CompiledBody, PagedForward, attach_steps, step_metadata
+from .spec_decode import dspark_tokens
 
 logger = logging.getLogger("deepinfer")
-
-
-def dspark_tokens(vllm_config) -> int:
-    """num_speculative_tokens if the speculative config selects our DSpark proposer (or a subclass), else 0."""
-    spec = vllm_config.speculative_config
-    if spec is None or spec.method != "custom_class" or not spec.model:
-        return 0
-    import importlib
-
-    from .spec_decode import DeepInferDSparkProposer
-
-    module, _, name = spec.model.rpartition(".")
-    cls = getattr(importlib.import_module(module), name, None)
-    return spec.num_speculative_tokens if isinstance(cls, type) and issubclass(cls, DeepInferDSparkProposer) else 0
+server_log = logging.getLogger("vllm.deepinfer")  # under vLLM's configured logger: lines the server log must show
 
 
 def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tensor, metadata: dict,
@@ -73,6 +64,14 @@ def paged_chunks(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tens
         expected = key_positions(chunks, "cpu")
         audit.expect(positions[: expected.numel()], expected, "vLLM's positions")
     return chunks, rows
+
+
+def paged_forward(args: ModelArgs, input_ids: torch.Tensor, positions: torch.Tensor, metadata: dict,
+                  windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict) -> PagedForward:
+    """A step's chunks over the paged caches (``paged_chunks``), with its audit of stored positions."""
+    audit = StoredPositions()
+    chunks, rows = paged_chunks(args, input_ids, positions, metadata, windows, compressed, inputs, audit)
+    return PagedForward(chunks, rows, metadata[windows[0].layer_name].num_actual_tokens, audit)
 
 
 @dataclass
@@ -101,6 +100,16 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                               if with_drafter else None)
         self.capture_layers = tuple(self.args.dspark_target_layer_ids) if with_drafter else ()
         self.last_step: LastStep | None = None
+        self.steps = attach_steps(self.model, self.window_caches)
+        self.body = CompiledBody(vllm_config=vllm_config, prefix=f"{prefix}body", core=self.model,
+                                 layer_names=[owner.layer_name for owner in self.window_caches])
+        mode = vllm_config.compilation_config.mode
+        if self.body.do_not_compile:
+            server_log.info("deepinfer: the model body runs eagerly (compilation mode %s%s)", mode.name,
+                            ", DSpark speculation" if with_drafter else "")
+        else:
+            server_log.info("deepinfer: vLLM compiles the model body (compilation mode %s); paged-cache work runs "
+                            "in the opaque ops %s", mode.name, ", ".join((ATTENTION_OP, ENGRAM_OP)))
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
 
@@ -109,23 +118,34 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds=None, **kwargs) -> torch.Tensor:
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):
-            metadata = metadata[0]
+        """The step's chunks are built here, eagerly, once; the body (compiled by vLLM unless DSpark is on)
+        finds them through the forward context. Stored positions are compared once the step is done."""
+        step = self.steps.begin(lambda metadata: paged_forward(self.args, input_ids, positions, metadata,
+                                                               self.window_caches, self.compressed_caches,
+                                                               self.input_caches))
+        if self.context_cache is None:
+            if step is not None:
+                self.model.check_tokens(input_ids[: step.num_tokens])
+            hidden = self.body(input_ids)
+        else:
+            hidden = self._forward_with_drafter(input_ids, step)
+        if step is not None:
+            step.audit.verify()
+        return hidden
+
+    def _forward_with_drafter(self, input_ids: torch.Tensor, step: PagedForward | None) -> torch.Tensor:
+        """The eager forward DSpark needs: the residual streams entering its target layers are captured per
+        chunk, then turned into the draft context."""
         hidden = torch.zeros(input_ids.shape[0], self.args.hidden_size, dtype=self.model.dtype,
                              device=input_ids.device)
-        if not metadata:
+        if step is None:
             return hidden  # vLLM's profiling / warm-up run: no caches, nothing to compute
-        first_meta = metadata[self.window_caches[0].layer_name]
-        n = first_meta.num_actual_tokens
-        audit = StoredPositions()
-        chunks, rows = paged_chunks(self.args, input_ids, positions, metadata, self.window_caches,
-                                    self.compressed_caches, self.input_caches, audit)
-        if chunks:
-            hidden[:n] = self.model.hidden_states(input_ids[:n], chunks, capture_layers=self.capture_layers)
-        if self.context_cache is not None:
-            self._write_draft_context(chunks, rows, first_meta, metadata[self.context_cache.layer_name])
-        audit.verify()
+        if step.chunks:
+            hidden[: step.num_tokens] = self.model.hidden_states(input_ids[: step.num_tokens], step.chunks,
+                                                                 capture_layers=self.capture_layers)
+        metadata = step_metadata()
+        self._write_draft_context(step.chunks, step.rows, metadata[self.window_caches[0].layer_name],
+                                  metadata[self.context_cache.layer_name])
         return hidden
 
     @torch.inference_mode()

@@ -112,3 +112,15 @@ class DeepInferDSparkProposer:
         for r, i in enumerate(rows):
             drafts[i] = [int(t) for t in tokens[r, : lengths[r]]]
         return drafts
+
+
+def dspark_tokens(vllm_config) -> int:
+    """num_speculative_tokens if the speculative config selects our DSpark proposer (or a subclass), else 0."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "custom_class" or not spec.model:
+        return 0
+    import importlib
+
+    module, _, name = spec.model.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return spec.num_speculative_tokens if isinstance(cls, type) and issubclass(cls, DeepInferDSparkProposer) else 0

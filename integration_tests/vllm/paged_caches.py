@@ -23,6 +23,7 @@ class PagedCaches:
                  one_window_table: bool = False):
         config = SimpleNamespace(cache_config=SimpleNamespace(block_size=BLOCK_SIZE),
                                  compilation_config=SimpleNamespace(static_forward_context={}))
+        self.static_forward_context = config.compilation_config.static_forward_context
         self.args, self.num_requests = args, num_requests
         self.windows, self.compressed, self.inputs = make_cache_owners(args, config, "model.")
         self.owners = [*self.windows, *self.compressed.values(), *self.inputs.values()]
@@ -41,6 +42,17 @@ class PagedCaches:
 
     def step(self, model, work: dict[int, tuple[int, torch.Tensor]]) -> torch.Tensor:
         """work: request -> (start position, token ids) -> logits of every row, requests in ``work`` order."""
+        input_ids, positions, metadata = self.batch(work)
+        audit = StoredPositions()
+        chunks, _ = paged_chunks(self.args, input_ids, positions, metadata, self.windows, self.compressed,
+                                 self.inputs, audit)
+        hidden = model.hidden_states(input_ids, chunks)
+        audit.verify()
+        return model.compute_logits(hidden)
+
+    def batch(self, work: dict[int, tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """work (as for ``step``) -> (input ids, positions, metadata by cache name) of the step, as vLLM's runner
+        and our metadata builder would give them."""
         requests = sorted(work)
         counts = [work[r][1].numel() if r in work else 0 for r in range(self.num_requests)]
         starts = [0]
@@ -51,12 +63,7 @@ class PagedCaches:
         seq_lens = [work[r][0] + counts[r] if r in work else 0 for r in range(len(counts))]
         metadata = {name: PagedMetadata(table, starts, seq_lens, input_ids.numel())
                     for name, table in self.tables.items()}
-        audit = StoredPositions()
-        chunks, _ = paged_chunks(self.args, input_ids, positions, metadata, self.windows, self.compressed,
-                                 self.inputs, audit)
-        hidden = model.hidden_states(input_ids, chunks)
-        audit.verify()
-        return model.compute_logits(hidden)
+        return input_ids, positions, metadata
 
     def window_positions(self, layer: int, request: int) -> tuple[torch.Tensor, callable]:
         """(int32 [slots, 2] token id and position columns of a layer's window cache, slot of a position)."""

@@ -6,6 +6,8 @@ model also builds the drafter: kept in model.py, the two would import each other
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -50,12 +52,19 @@ class Block(nn.Module):
         ``query_rows`` indexes the rows whose outputs the next layer needs (all rows unless bounded replay);
         the other rows only provide this layer's window keys and compressor inputs.
         """
+        return self.mix(streams, pre_mix, engram_ids, lambda attn_in: self.attn(attn_in, chunks), query_rows)
+
+    def mix(self, streams, pre_mix, engram_ids, attend: Callable[[torch.Tensor], torch.Tensor],
+            query_rows: torch.Tensor | slice):
+        """``forward`` with the attention given as ``attend`` (normed input of every row -> output of the query
+        rows): an engine that compiles the model passes an opaque op there that does every cache read and write,
+        so the rest of the block (mHC, norms, MoE) holds no per-sequence Python and traces into one graph."""
         if hasattr(self, "engram"):
             streams = self.engram(streams, engram_ids[:, self.engram.table])
         attn_in = self.attn_norm.of_streams(streams, pre_mix)
         streams = streams[query_rows]
         pre_attn, post_attn, comb_attn = self.coefficients("attn", streams)
-        streams = ops.hc_expand(streams, self.sublayer_output(self.attn(attn_in, chunks)), post_attn, comb_attn)
+        streams = ops.hc_expand(streams, self.sublayer_output(attend(attn_in)), post_attn, comb_attn)
         pre_ffn, post_ffn, comb_ffn = self.coefficients("ffn", streams)
         ffn_in = self.ffn_norm.of_streams(streams, pre_attn)
         streams = ops.hc_expand(streams, self.sublayer_output(self.ffn(ffn_in)), post_ffn, comb_ffn)

@@ -10,6 +10,9 @@ work (projections, MoE, mHC) sees every row at once, per-sequence work (windows,
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -119,16 +122,13 @@ class DeepseekV41Model(nn.Module):
             engram_ids = self.hasher(torch.cat([token_ids[c.row_start: c.row_start + c.num_rows] for c in chunks]),
                                      histories, [c.num_rows for c in chunks])
         plans = [self.query_rows_per_layer(c.num_rows, bounded_replay) for c in chunks]
-        x = self.embed(token_ids).to(self.dtype)
-        streams = x[:, None, :].expand(-1, self.args.hc_mult, -1).contiguous()  # [rows, S, d]
-        pre_mix = torch.zeros(x.shape[0], self.args.hc_mult, dtype=torch.float32, device=x.device)
-        pre_mix[:, 0] = 1.0  # all streams hold the embedding: collapse reads stream 0
+        streams, pre_mix = self.embed_streams(token_ids)
         for layer_id, layer in enumerate(self.layers):
             for chunk, plan in zip(chunks, plans):
                 chunk.num_query_rows = plan[layer_id]
             query_rows = slice(None) if all(c.num_query_rows == c.num_rows for c in chunks) else torch.cat(
                 [torch.arange(c.row_start + c.num_rows - c.num_query_rows, c.row_start + c.num_rows,
-                              device=x.device) for c in chunks])
+                              device=streams.device) for c in chunks])
             if layer_id in capture_layers:
                 for c in chunks:
                     c.published.setdefault("streams_in", {})[layer_id] = streams[c.row_start: c.row_start + c.num_rows]
@@ -140,6 +140,26 @@ class DeepseekV41Model(nn.Module):
                 chunk.start_pos = chunk.first_query_pos
                 chunk.row_start, chunk.num_rows = row, chunk.num_query_rows
                 row += chunk.num_rows
+        return self.norm.of_streams(streams, pre_mix)
+
+    def embed_streams(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """token_ids [rows] -> (residual streams [rows, S, d] all holding the embedding, pre-mix [rows, S])."""
+        x = self.embed(token_ids).to(self.dtype)
+        streams = x[:, None, :].expand(-1, self.args.hc_mult, -1).contiguous()  # [rows, S, d]
+        pre_mix = torch.zeros(x.shape[0], self.args.hc_mult, dtype=torch.float32, device=x.device)
+        pre_mix[:, 0] = 1.0  # all streams hold the embedding: collapse reads stream 0
+        return streams, pre_mix
+
+    def opaque_cache_hidden_states(self, token_ids: torch.Tensor, engram_ids: torch.Tensor | None,
+                                   attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``hidden_states`` for engines that compile the model: every row is a query row of every layer (no
+        bounded replay, no captured streams), the Engram row ids come precomputed, and ``attend(layer_id, x)``
+        does a layer's attention with all of its cache work behind one opaque op. The body holds no chunk
+        list and no host read, so it traces into one graph between those ops; the math is ``Block.mix``."""
+        streams, pre_mix = self.embed_streams(token_ids)
+        for layer_id, layer in enumerate(self.layers):
+            streams, pre_mix = layer.mix(streams, pre_mix, engram_ids, functools.partial(attend, layer_id),
+                                         slice(None))
         return self.norm.of_streams(streams, pre_mix)
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceCache | None = None,

@@ -164,7 +164,8 @@ class MoE(nn.Module):
                                      shared_limit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [n, d] -> [n, d]: weighted routed experts (token choice) plus the shared expert."""
+        """x [n, d] -> [n, d]: weighted routed experts (token choice) plus the shared expert. The routed experts
+        run as an opaque op (ops/opaque.py), so the layer compiles without a graph break."""
         weights, ids = self.gate(x)
-        routed = ops.moe_experts(x, weights, ids, self.experts.weights(x.dtype), self.experts.swiglu_limit)
+        routed = ops.routed_experts(x, weights, ids, self.experts.weights(x.dtype), self.experts.swiglu_limit)
         return (routed + self.shared_experts(x).float()).to(x.dtype)

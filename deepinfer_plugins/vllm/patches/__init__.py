@@ -9,10 +9,16 @@ patch_arch_config (vllm/transformers_utils/model_arch_config_convertor.py, Model
     why:  the official config's ``quantization_config`` (fp8, 32x32 blocks, FP4 experts) makes vLLM build its
           own FP8 linear method, which our layers do not use (linear.py dequantises the stored tensors) and
           which refuses float32 activations.
+  * ``VllmConfig._uses_breakable_cudagraph_by_default`` (vllm/config/vllm.py) -> False for those configs.
+    why:  vLLM 0.32 defaults ``DeepseekV41ForCausalLM`` (the official config's architecture, its own class
+          "cannot torch.compile") to breakable CUDA graphs, which sets VLLM_USE_BREAKABLE_CUDAGRAPH=1 and the
+          compilation mode to NONE: our class of that name would always run eagerly (vllm/compiled.py is what
+          it compiles).
   how:  each method answers for DeepInfer's architectures and defers to the original otherwise.
-  remove when: vLLM lets an out-of-tree model declare that it manages its own caches and weight formats.
+  remove when: vLLM lets an out-of-tree model declare that it manages its own caches and weight formats (and
+        keys the breakable-CUDA-graph default on the model class rather than the architecture name).
   tested: integration_tests/vllm (the server starts on the official-format checkpoint; prefix-cache hits are
-          observed through /metrics).
+          observed through /metrics; test_compile.py: the server logs a compiled mode).
 
 patch_responses_store (vllm/entrypoints/openai/responses/serving.py, OpenAIServingResponses.__init__)
   * ``response_store``, ``msg_store``, ``event_store`` -> stores that keep the most recent

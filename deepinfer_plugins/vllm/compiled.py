@@ -1,0 +1,141 @@
+"""What vLLM compiles of V4.1: the model body, with every paged-cache access behind opaque custom ops.
+
+vLLM traces a model with torch.compile only through modules decorated with ``support_torch_compile``, and it may
+trace once, during a warm-up run without attention metadata, then reuse the graph for every step (CPU's
+DYNAMO_TRACE_ONCE). So the traced body must hold no branch on the metadata, no per-request Python and no host
+read. ``CompiledBody`` runs the core model's ``opaque_cache_hidden_states`` (embedding, mHC, norms, MoE, final
+norm: the one copy of the math) and leaves each layer's attention, with all its cache work (window writes and
+reads, compressor inputs and entries, indexer selection, sparse attention over the cache records), to one op,
+``deepinfer::v41_attention``, and the Engram row ids (which read the token history from the window cache) to
+``deepinfer::v41_engram_ids``. Like vLLM's own attention op they take only tensors and the layer name, find
+the step through vLLM's forward context and run eagerly (the core's ``Attention.forward`` over the step's
+chunks); their fake implementations give the traced graph its shapes. Both are added to vLLM's splitting ops,
+so a piecewise (GPU) compile splits the graph there as it does around its own attention.
+
+The step's chunks are built once per step before the body runs (``PagedSteps.begin``, host metadata from
+``DeepInferMetadataBuilder``) and kept on the metadata object vLLM hands every op of that step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.forward_context import get_forward_context
+
+from ..models.deepseek_v41.args import ModelArgs
+from ..models.deepseek_v41.kv_cache import SequenceChunk
+from .cache import StoredPositions
+from .spec_decode import dspark_tokens
+
+ATTENTION_OP = "deepinfer::v41_attention"
+ENGRAM_OP = "deepinfer::v41_engram_ids"
+
+
+@dataclass
+class PagedForward:
+    """One step's work, built before the body runs: one chunk per request with rows in this step."""
+
+    chunks: list[SequenceChunk]
+    rows: list[tuple[int, int, int]]  # (request, start position, rows) of each chunk
+    num_tokens: int  # rows of the batch that are real tokens (the rest is padding)
+    audit: StoredPositions
+
+
+def step_metadata() -> dict | None:
+    """This step's attention metadata by layer name; None in vLLM's warm-up and profiling runs."""
+    metadata = get_forward_context().attn_metadata
+    return metadata[0] if isinstance(metadata, list) else metadata
+
+
+class PagedSteps:
+    """Where the ops find the current step: on the metadata of the first window cache, which vLLM builds anew
+    every step (so nothing from an earlier step can be reused by mistake)."""
+
+    def __init__(self, core, first_window: str):
+        self.core, self.first_window = core, first_window
+
+    def begin(self, build) -> PagedForward | None:
+        """Build this step's ``PagedForward`` with ``build(metadata)`` and keep it for the ops; None without
+        metadata."""
+        metadata = step_metadata()
+        if not metadata:
+            return None
+        first = metadata[self.first_window]
+        first.forward = build(metadata)
+        return first.forward
+
+    def current(self) -> PagedForward | None:
+        metadata = step_metadata()
+        return metadata[self.first_window].forward if metadata else None
+
+
+def attach_steps(core, windows) -> PagedSteps:
+    """The ``PagedSteps`` of a model, set on each of its window caches with the layer's id: what the ops find
+    through the forward context by the layer name they are given."""
+    steps = PagedSteps(core, windows[0].layer_name)
+    for layer_id, owner in enumerate(windows):
+        owner.steps, owner.layer_id = steps, layer_id
+    return steps
+
+
+@torch.library.custom_op(ATTENTION_OP, mutates_args=())
+def _attention(x: torch.Tensor, layer_name: str) -> torch.Tensor:
+    owner = get_forward_context().no_compile_layers[layer_name]
+    step = owner.steps.current()
+    out = torch.zeros_like(x)
+    if step is not None and step.chunks:
+        n = step.num_tokens
+        out[:n] = owner.steps.core.layers[owner.layer_id].attn(x[:n], step.chunks)
+    return out
+
+
+@_attention.register_fake
+def _attention_fake(x, layer_name):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(ENGRAM_OP, mutates_args=())
+def _engram_ids(token_ids: torch.Tensor, layer_name: str, tables: int, columns: int) -> torch.Tensor:
+    steps = get_forward_context().no_compile_layers[layer_name].steps
+    step = steps.current()
+    ids = torch.zeros(token_ids.shape[0], tables, columns, dtype=torch.int64, device=token_ids.device)
+    if step is not None and step.chunks:
+        n, chunks = step.num_tokens, step.chunks
+        histories = chunks[0].state.batch_store.ngram_histories(chunks)
+        ids[:n] = steps.core.hasher(token_ids[:n], histories, [c.num_rows for c in chunks])
+    return ids
+
+
+@_engram_ids.register_fake
+def _engram_ids_fake(token_ids, layer_name, tables, columns):
+    return token_ids.new_empty(token_ids.shape[0], tables, columns, dtype=torch.int64)
+
+
+def compiles(vllm_config) -> bool:
+    """The body is compiled unless DSpark speculation is configured: the drafter's features are the residual
+    streams captured per chunk inside the forward, which the eager path (model.py) provides."""
+    return dspark_tokens(vllm_config) == 0
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0}, enable_if=compiles)
+class CompiledBody(nn.Module):
+    """The traced part of the forward: token ids -> final hidden states [rows, d], cache work opaque."""
+
+    def __init__(self, *, vllm_config, prefix: str = "", core: nn.Module, layer_names: list[str]):
+        super().__init__()
+        self.core, self.layer_names = core, layer_names
+        args: ModelArgs = core.args
+        self.engram_shape = (len(args.engram_layer_ids), (args.engram_max_ngram_size - 1) * args.engram_n_heads)
+        splitting_ops = vllm_config.compilation_config.splitting_ops
+        if splitting_ops:  # piecewise compile: split at our ops as at vLLM's attention
+            splitting_ops.extend(op for op in (ATTENTION_OP, ENGRAM_OP) if op not in splitting_ops)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        engram_ids = None
+        if self.engram_shape[0]:
+            engram_ids = torch.ops.deepinfer.v41_engram_ids(input_ids, self.layer_names[0], *self.engram_shape)
+        return self.core.opaque_cache_hidden_states(
+            input_ids, engram_ids, lambda layer_id, x: torch.ops.deepinfer.v41_attention(x, self.layer_names[layer_id]))

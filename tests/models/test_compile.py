@@ -1,0 +1,68 @@
+"""The core model compiles into one graph once its cache work is opaque.
+
+``DeepseekV41Model.opaque_cache_hidden_states`` is the body engines hand to torch.compile: the attention of each
+layer (every cache read and write) behind an opaque op the engine supplies, the routed experts behind
+``deepinfer::moe_experts`` (ops/opaque.py). Guarantees: dynamo traces it with fullgraph=True and no graph
+break, and the compiled body gives ``hidden_states``' result for a prefill and for the decode steps after it.
+The attention op here is a test-local custom op over the core's in-memory caches; vLLM's is in
+deepinfer_plugins/vllm/compiled.py.
+"""
+
+import torch
+from torch._dynamo.utils import counters
+
+from deepinfer_plugins.models.deepseek_v41.attention import store_of
+from deepinfer_plugins.models.deepseek_v41.kv_cache import SequenceChunk
+
+from ..conftest import prompt
+
+_step: dict = {}  # what the test op reads: the model and this step's chunks
+
+
+@torch.library.custom_op("deepinfer_test::attend", mutates_args=())
+def _attend(x: torch.Tensor, layer_id: int) -> torch.Tensor:
+    return _step["model"].layers[layer_id].attn(x, _step["chunks"])
+
+
+@_attend.register_fake
+def _(x, layer_id):
+    return torch.empty_like(x)
+
+
+def test_moe_experts_op_matches_the_registry_op(tiny256):
+    from deepinfer_plugins import ops
+
+    moe = tiny256.layers[0].ffn
+    x = torch.randn(6, tiny256.args.hidden_size)
+    weights, ids = moe.gate(x)
+    experts = moe.experts.weights(x.dtype)
+    assert torch.equal(ops.routed_experts(x, weights, ids, experts, moe.experts.swiglu_limit),
+                       ops.moe_experts(x, weights, ids, experts, moe.experts.swiglu_limit))
+
+
+def test_body_compiles_without_graph_breaks_and_matches_eager(tiny256):
+    """Dynamo's eager backend: tracing (with the ops' fake implementations) is what can break a graph."""
+    model = tiny256
+    ids = prompt(24, 5)
+    torch._dynamo.reset()
+    counters.clear()
+
+    def body(token_ids, engram_ids):
+        return model.opaque_cache_hidden_states(token_ids, engram_ids,
+                                                lambda layer_id, x: torch.ops.deepinfer_test.attend(x, layer_id))
+
+    compiled = torch.compile(body, backend="eager", fullgraph=True, dynamic=True)
+    eager_cache, compiled_cache = model.new_cache(), model.new_cache()
+    for start, stop in [(0, 16), (16, 17), (17, 18), (18, 24)]:
+        rows = ids[start:stop]
+        expected = model.hidden_states(rows, [SequenceChunk(0, stop - start, start, eager_cache)])
+        eager_cache.advance(rows)
+        chunks = [SequenceChunk(0, stop - start, start, compiled_cache)]
+        engram_ids = model.hasher(rows, store_of(chunks, model.args.sliding_window).ngram_histories(chunks),
+                                  [stop - start])
+        _step.update(model=model, chunks=chunks)
+        with torch.no_grad():
+            actual = compiled(rows, engram_ids)
+        compiled_cache.advance(rows)
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
