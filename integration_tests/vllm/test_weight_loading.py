@@ -18,13 +18,15 @@ from tests.models.test_loader_paths import (DTYPES, assert_same_parameters, asse
 
 def vllm_load(path, dtype: torch.dtype) -> torch.nn.Module:
     """The vLLM model class's core model, built and loaded as vLLM's loader drives it (one rank, no DSpark)."""
+    from vllm.config import CompilationMode
+
     from deepinfer_plugins.vllm.model import DeepInferDeepseekV41ForCausalLM
 
     config = SimpleNamespace(
         model_config=SimpleNamespace(model=str(path), tokenizer=str(path), dtype=dtype),
         parallel_config=SimpleNamespace(tensor_parallel_size=1), speculative_config=None,
         cache_config=SimpleNamespace(block_size=16),
-        compilation_config=SimpleNamespace(static_forward_context={}))
+        compilation_config=SimpleNamespace(static_forward_context={}, mode=CompilationMode.NONE, splitting_ops=[]))
     model = DeepInferDeepseekV41ForCausalLM(vllm_config=config)
     loaded = model.load_weights(checkpoint_weights(path))
     assert loaded == {f"model.{name}" for name, _ in model.model.named_parameters()}

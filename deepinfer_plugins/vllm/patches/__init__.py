@@ -37,11 +37,17 @@ patch_responses_history (vllm/renderers/online_renderer.py, the module's ``const
           follow-up through ``previous_response_id`` loses the previous turn's reasoning and function calls (a
           ``function_call_output`` then answers a call the prompt never shows); OpenAI's API treats
           ``previous_response_id`` as the previous input and output items.
+  * an assistant message that holds reasoning only -> content "".
+    why:  vLLM converts a reasoning item that nothing follows in its turn into an assistant message without
+          content, which the recipe's Chat conversion refuses (400 "content or tool_calls must be set"), so a
+          history whose last answer was reasoning alone (a follow-up, or the same history sent explicitly)
+          could not be continued; the official Responses codec renders it as a turn with an empty answer.
   how:  the wrapper prepends those items to the request's input and calls the original without them, so they go
-        through vLLM's own item conversion. Applied only when the store is enabled.
-  remove when: vLLM converts stored output items the way it converts input items.
+        through vLLM's own item conversion, then gives reasoning-only assistant messages empty content.
+  remove when: vLLM converts stored output items the way it converts input items, and keeps a reasoning-only
+        turn's content.
   tested: integration_tests/vllm/test_api.py (the follow-up's prompt and answer equal those of the same history
-          sent explicitly).
+          sent explicitly); tests/vllm/test_responses_store.py (the conversion of a reasoning-only turn).
 """
 
 from __future__ import annotations
