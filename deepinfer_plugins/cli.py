@@ -31,19 +31,31 @@ def make_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def generate(args: argparse.Namespace) -> int:
+class UsageError(ValueError):
+    """A command-line value the command cannot use: printed as {"error": ...}, exit status 2."""
+
+
+def integers(text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(f"{flag} must be integers, got {text!r}") from None
+
+
+def load_reference_model(args: argparse.Namespace, **kwargs):
     import torch
 
     from .models.deepseek_v41 import DeepseekV41ForCausalLM
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    return DeepseekV41ForCausalLM.from_pretrained(args.model, dtype=dtype, **kwargs)
+
+
+def generate(args: argparse.Namespace) -> int:
     from .models.deepseek_v41.generate import SamplingParams, generate as run
 
-    try:
-        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
-    except ValueError:
-        print(json.dumps({"error": f"--prompt-ids must be integers, got {args.prompt_ids!r}"}), file=sys.stderr)
-        return 2
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = DeepseekV41ForCausalLM.from_pretrained(args.model, dtype=dtype)
+    prompt = integers(args.prompt_ids, "--prompt-ids")
+    model = load_reference_model(args)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, stop_token_ids=(model.args.eos_token_id,))
     print(json.dumps({"prompt_ids": prompt, "output_ids": run(model, prompt, params)}))
@@ -51,23 +63,14 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def measure_step_cost(args: argparse.Namespace) -> int:
-    import torch
-
     from .dspark.cost_model import measure_step_cost as measure
-    from .models.deepseek_v41 import DeepseekV41ForCausalLM
 
-    try:
-        sizes = [int(b) for b in args.tokens.replace(",", " ").split()]
-    except ValueError:
-        print(json.dumps({"error": f"--tokens must be integers, got {args.tokens!r}"}), file=sys.stderr)
-        return 2
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = DeepseekV41ForCausalLM.from_pretrained(args.model, dtype=dtype, device=args.device, with_drafter=False)
-    try:
-        table = measure(model, sizes, context=args.context, repeats=args.repeats)
-    except ValueError as e:
-        print(json.dumps({"error": str(e)}), file=sys.stderr)
-        return 2
+    sizes = integers(args.tokens, "--tokens")
+    if not sizes or min(sizes) < 1 or args.context < 1 or args.repeats < 1:
+        raise UsageError(f"need --tokens >= 1, --context >= 1 and --repeats >= 1; got {sizes}, {args.context}, "
+                         f"{args.repeats}")
+    table = measure(load_reference_model(args, device=args.device, with_drafter=False), sizes,
+                    context=args.context, repeats=args.repeats)
     Path(args.out).write_text(json.dumps({"tokens": table.sizes.tolist(), "ms": table.ms.tolist()}) + "\n")
     print(f"wrote the step-cost table for {len(sizes)} batch sizes to {args.out} "
           f"(set DEEPINFER_DSPARK_COST_TABLE={args.out} for vllm serve)")
@@ -266,8 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args, extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return {"make-checkpoint": make_checkpoint, "generate": generate, "measure-step-cost": measure_step_cost,
-            "demo": demo}[args.command](args)
+    command = {"make-checkpoint": make_checkpoint, "generate": generate, "measure-step-cost": measure_step_cost,
+               "demo": demo}[args.command]
+    try:
+        return command(args)
+    except UsageError as e:
+        print(json.dumps({"error": str(e)}), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
