@@ -122,6 +122,22 @@ class _Lits:
         self.maxlen = max((len(l) for l, _, _ in lits), default=0)
 
 
+class _Matcher:
+    """One marker's progress through the held text: how many characters of ``literal`` match so far
+    (``matched``, a KMP state over ``failure``), where that match starts in the held text (``start``)
+    and, for a newline-prefixed marker, where the run of newlines before it starts (``newline_start``);
+    -1 where there is none."""
+
+    __slots__ = ("literal", "newline_prefixed", "kind", "failure", "matched", "start", "newline_start")
+
+    def __init__(self, literal: str, newline_prefixed: bool, kind: int, failure: list):
+        self.literal, self.newline_prefixed, self.kind, self.failure = literal, newline_prefixed, kind, failure
+        self.matched, self.start, self.newline_start = 0, -1, -1
+
+    def reset(self) -> None:
+        self.matched, self.start, self.newline_start = 0, -1, -1
+
+
 class StreamParser:
     """Feed model output chunks; get `ReasoningDelta` / `ContentDelta` / `ToolCall*` deltas.
 
@@ -380,7 +396,7 @@ class StreamParser:
         trig = L.trig
         ms = self._ms
         if ms is None:
-            ms = self._ms = [[lit, nl, kind, fail, 0, -1, -1] for lit, nl, kind, fail in L.m]
+            ms = self._ms = [_Matcher(*m) for m in L.m]
         cid = self._cid
         n = len(text)
         H, src = self._held, self._hsrc
@@ -405,31 +421,32 @@ class StreamParser:
             bm = None
             live = p + 1
             for mt in ms:
-                lit, nl, kind, fail, k, start, nls = mt
-                if nl and k == 0 and c == "\n":
+                k, nls = mt.matched, mt.newline_start
+                if k == 0 and c == "\n" and mt.newline_prefixed:
                     if nls < 0:
-                        mt[6] = p
-                        nls = p
+                        mt.newline_start = nls = p
                     if nls < live:
                         live = nls
                     continue
+                lit = mt.literal
                 k0 = k
-                while k and lit[k] != c:
-                    k = fail[k - 1]
+                if k:
+                    fail = mt.failure
+                    while k and lit[k] != c:
+                        k = fail[k - 1]
                 if lit[k] == c:
                     k += 1
                 if k == 0:
-                    mt[4] = 0
-                    mt[5] = mt[6] = -1
+                    mt.reset()
                     continue
                 if k0 == 0:
                     start = p
                 elif k <= k0:
                     start = p - k + 1
-                    nls = -1
-                    mt[6] = -1
-                mt[4] = k
-                mt[5] = start
+                    nls = mt.newline_start = -1
+                else:
+                    start = mt.start
+                mt.matched, mt.start = k, start
                 st0 = nls if nls >= 0 else start
                 if k == len(lit):
                     if bm is None or st0 < best:
@@ -438,20 +455,18 @@ class StreamParser:
                     live = st0
             if bm is not None:
                 for mt in ms:
-                    mt[4] = 0
-                    mt[5] = mt[6] = -1
+                    mt.reset()
                 self._held, self._hsrc = "", []
                 if best:
                     self._emit_src(H[:best], src[:best])
                 self._last = None
                 self._ms = None
-                self._marker(bm[2], bm[0])
+                self._marker(bm.kind, bm.literal)
                 return pos
             if p == 0 and c == "\n" and self._strip:
                 # leading newlines of a section are dropped before any marker can use them
                 for mt in ms:
-                    mt[4] = 0
-                    mt[5] = mt[6] = -1
+                    mt.reset()
                 H, src = "", []
                 continue
             if live:
@@ -459,10 +474,10 @@ class StreamParser:
                 H = H[live:]
                 src = src[live:]
                 for mt in ms:
-                    if mt[5] >= 0:
-                        mt[5] -= live
-                    if mt[6] >= 0:
-                        mt[6] -= live
+                    if mt.start >= 0:
+                        mt.start -= live
+                    if mt.newline_start >= 0:
+                        mt.newline_start -= live
         self._held, self._hsrc = H, src
         return n
 
