@@ -82,7 +82,6 @@ class LastStep:
     seq_lens: list[int]  # tokens per request including this step's
 
 
-
 class DeepInferDeepseekV41ForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
