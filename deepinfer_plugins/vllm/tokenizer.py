@@ -38,9 +38,10 @@ def prompt_tokenizer(path: str):
 
 
 def _plain(value: Any) -> Any:
-    """Pydantic request objects -> plain JSON-like values for the recipe."""
+    """Pydantic request objects -> plain JSON-like values for the recipe, under their wire names (vLLM's
+    ``json_schema.json_schema`` is the API's ``json_schema.schema``)."""
     if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_none=True)
+        return value.model_dump(exclude_none=True, by_alias=True)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

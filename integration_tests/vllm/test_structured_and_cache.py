@@ -78,9 +78,8 @@ def test_repeated_long_prefix_is_served_from_the_prefix_cache(server, openai_cli
 
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-                                                   "unit": {"type": "string", "enum": ["C", "F"]},
-                                                   "days": {"type": "integer"}},
-                  "required": ["city", "unit"]}
+                                                   "unit": {"type": "string", "enum": ["C", "F"]}},
+                  "required": ["city", "unit"]}  # strict: every property required, as the API demands
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": WEATHER_SCHEMA}},
          {"type": "function", "function": {"name": "get_time", "strict": True,
                                            "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}},
