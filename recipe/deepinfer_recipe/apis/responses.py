@@ -109,24 +109,23 @@ class OtherItem(Model):
     type: str
 
 
-_ITEM_TAGS = frozenset(("message", "reasoning", "function_call", "function_call_output",
-                        "custom_tool_call", "custom_tool_call_output", "web_search_call"))
+def _by_type(members: dict, fallback: tuple[str, type], missing: str | None = None):
+    """A union chosen by ``type``: a type in ``members`` selects its model, any other the fallback model (what
+    the official package skips or drops); ``missing`` is the type of an entry that names none."""
+    other, other_model = fallback
+
+    def tag(v) -> str:
+        t = v.get("type", missing) if isinstance(v, dict) else getattr(v, "type", None)
+        return t if t in members else other
+
+    arms = tuple(Annotated[model, Tag(t)] for t, model in members.items()) + (Annotated[other_model, Tag(other)],)
+    return Annotated[Union[arms], Discriminator(tag)]
 
 
-def _item_tag(v) -> str:
-    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in _ITEM_TAGS else "other"
-
-
-Item = Annotated[Union[Annotated[MessageItem, Tag("message")],
-                       Annotated[ReasoningItem, Tag("reasoning")],
-                       Annotated[FunctionCallItem, Tag("function_call")],
-                       Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-                       Annotated[CustomToolCallItem, Tag("custom_tool_call")],
-                       Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
-                       Annotated[WebSearchCallItem, Tag("web_search_call")],
-                       Annotated[OtherItem, Tag("other")]],
-                 Discriminator(_item_tag)]
+_ITEMS = {"message": MessageItem, "reasoning": ReasoningItem, "function_call": FunctionCallItem,
+          "function_call_output": FunctionCallOutputItem, "custom_tool_call": CustomToolCallItem,
+          "custom_tool_call_output": CustomToolCallOutputItem, "web_search_call": WebSearchCallItem}
+Item = _by_type(_ITEMS, ("other", OtherItem), missing="message")
 
 
 class FunctionTool(Model):
@@ -162,21 +161,8 @@ class HostedTool(Model):
     type: str
 
 
-_TOOL_TAGS = frozenset(("function", "namespace", "custom", "web_search", "web_search_preview"))
-
-
-def _tool_tag(v) -> str:
-    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in _TOOL_TAGS else "hosted"
-
-
-Tool = Annotated[Union[Annotated[FunctionTool, Tag("function")],
-                       Annotated[NamespaceTool, Tag("namespace")],
-                       Annotated[CustomTool, Tag("custom")],
-                       Annotated[WebSearchTool, Tag("web_search")],
-                       Annotated[WebSearchTool, Tag("web_search_preview")],
-                       Annotated[HostedTool, Tag("hosted")]],
-                 Discriminator(_tool_tag)]
+Tool = _by_type({"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool,
+                 "web_search": WebSearchTool, "web_search_preview": WebSearchTool}, ("hosted", HostedTool))
 
 
 class NamedTool(Model):
@@ -370,7 +356,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             # a hosted call with nothing to render: it belongs to the assistant turn like a
             # message does, so after function calls it opens the next turn
             assistant()
-        elif t not in _ITEM_TAGS:
+        elif t not in _ITEMS:
             return
         elif t in ("function_call_output", "custom_tool_call_output"):
             # an output answers exactly one call made before it
