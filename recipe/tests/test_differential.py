@@ -235,3 +235,23 @@ def test_combined_shapes_match_official(api, seed):
     package reports first."""
     _, req, opts = gen.combined(api, random.Random(60_000 + seed))
     _assert_renders_as_official(req, api, opts, constraint=False)
+
+
+_CHAT_USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize("fields", [
+    {"temperature": "0.5"}, {"temperature": True}, {"max_tokens": 10.0}, {"max_tokens": "10"},
+    {"stream": 1}, {"stream": "true"}, {"logprobs": 0}, {"seed": True}, {"n": True},
+    {"top_logprobs": 3.0, "logprobs": True}, {"stream": True, "stream_options": {"include_usage": "yes"}},
+    {"tools": [{"type": "function", "function": {"name": "f", "strict": 0}}]},
+    {"messages": [_CHAT_USER, {"role": "assistant", "content": "x", "prefix": 1}]},
+    {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}, "strict": 1}}},
+    # numbers written as integers are numbers
+    {"temperature": 1, "top_p": 1, "presence_penalty": 0, "frequency_penalty": -1},
+])
+def test_chat_json_types_match_official(fields):
+    """Each Chat field takes its JSON type only: a string is not read as a number nor an integer
+    as a boolean, as in the official package; an integer is a number."""
+    _assert_renders_as_official({"model": "DeepSeek-V4-Pro", "messages": [_CHAT_USER], **fields},
+                                "chat")

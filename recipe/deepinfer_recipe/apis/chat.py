@@ -1,310 +1,213 @@
-"""OpenAI Chat Completions: request models and conversion to a Conversation."""
+"""OpenAI Chat Completions: a request body read, checked and converted to a Conversation in one
+pass over the decoded JSON.
+
+Reading follows the official package: every field must have its JSON type (no string read as a
+number, no integer as a boolean) and unknown fields are ignored. A body with a field of the wrong
+shape is refused before any rule about its meaning is applied, so the reading pass raises shape
+errors at once and keeps the first rule it sees broken for after the body has been read."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Optional, Union
-
-from pydantic import Field, model_validator
+import math
+from typing import Any, Optional
 
 from ..conversation import (Conversation, ImageSource, Message, ModelVersion, ToolCall,
-                            ToolDefinition, join_parts)
+                            ToolDefinition)
 from ..errors import ConversionError, RequestValidationError
 from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import (Model, _TAGS, check_format_with_tools, check_json_word, check_penalty,
+from .common import (check_format_with_tools, check_json_word, check_penalty,
                      check_reasoning_passed, check_seed, check_stop, check_temperature,
-                     check_tool_name, check_top_logprobs, check_top_p, check_unique, make_tool,
-                     no_such_tool, output_constraint, read_tool_schemas, tool_name_ok, validate)
+                     check_tool_name, check_top_logprobs, check_top_p, check_unique,
+                     no_such_tool, output_constraint, read_tool_schemas)
 
-_TAGS.update({"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url", "file",
-              "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"})
-
-
-class TextPart(Model):
-    type: Literal["text"]
-    text: str
-
-
-class ImageURL(Model):
-    url: str
-    detail: Literal["low", "high", "original", "auto"] = "high"
+ROLES = ("system", "user", "assistant", "tool", "latest_reminder")
+_ROLE_SET = frozenset(ROLES)
+PART_TYPES = ("text", "image_url", "file")
+THINKING_TYPES = ("enabled", "disabled", "adaptive")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
+TOOL_CHOICES = ("none", "auto", "required")
+IMAGE_DETAILS = ("low", "high", "original", "auto")
+FORMAT_TYPES = ("text", "json_object", "json_schema", "regex")
 
 
-class ImagePart(Model):
-    type: Literal["image_url"]
-    image_url: ImageURL
+# ---- shape errors ---------------------------------------------------------------------------
+
+def _shape_error(path: str, problem: str) -> RequestValidationError:
+    return RequestValidationError(f"{path}: {problem}", param=path)
 
 
-class FilePart(Model):
-    """A file the recipe cannot read: V4 shows the image stub for it, V4.1 refuses it."""
-
-    type: Literal["file"]
-    file: Optional[dict[str, Any]] = None
+def _missing(path: str) -> RequestValidationError:
+    return _shape_error(path, "Field required")
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart, FilePart], Field(discriminator="type")]
-Content = Union[str, list[ContentPart]]
+def _not_a(path: str, kind: str) -> RequestValidationError:
+    return _shape_error(path, f"Input should be a valid {kind}")
 
 
-class FunctionCall(Model):
-    name: str
-    arguments: str = ""
+def _choices(allowed: tuple) -> str:
+    quoted = [f"'{a}'" for a in allowed]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
-class ToolCallModel(Model):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
+def _not_one_of(path: str, allowed: tuple, value) -> RequestValidationError:
+    return _shape_error(path, f"Input should be {_choices(allowed)}, got {value!r}")
 
 
-class SystemMessage(Model):
-    role: Literal["system"]
-    content: Content
+def _unknown_tag(path: str, key: str, allowed: tuple, value: dict) -> RequestValidationError:
+    """A message or content part names its kind in `key`; the whole entry is shown, since the
+    kind alone may not tell the client which entry is meant."""
+    if key not in value:
+        return _shape_error(path, f"Unable to extract tag using discriminator '{key}'")
+    return _shape_error(path, f"Input tag '{value[key]}' found using '{key}' does not match any "
+                              f"of the expected tags: {', '.join(repr(a) for a in allowed)}, "
+                              f"got {value!r}")
 
 
-class UserMessage(Model):
-    role: Literal["user"]
-    content: Content
+# ---- optional scalar fields: None when absent or null ---------------------------------------
+
+def _opt_str(v, path: str) -> Optional[str]:
+    if v is None or v.__class__ is str:
+        return v
+    raise _not_a(path, "string")
 
 
-class AssistantMessage(Model):
-    role: Literal["assistant"]
-    content: Optional[Content] = None
-    reasoning_content: Optional[str] = None
-    tool_calls: Optional[list[ToolCallModel]] = None
-    prefix: bool = False
+def _opt_bool(v, path: str) -> Optional[bool]:
+    if v is None or v.__class__ is bool:
+        return v
+    raise _not_a(path, "boolean")
 
 
-class ToolMessage(Model):
-    role: Literal["tool"]
-    content: Content
-    tool_call_id: Optional[str] = None
+def _opt_int(v, path: str) -> Optional[int]:
+    if v is None or v.__class__ is int:
+        return v
+    if v.__class__ is float and math.isfinite(v) and not v.is_integer():
+        raise _shape_error(path, "Input should be a valid integer, got a number with a "
+                                 "fractional part")
+    raise _not_a(path, "integer")
 
 
-class LatestReminderMessage(Model):
-    role: Literal["latest_reminder"]
-    content: Content
+def _opt_float(v, path: str) -> Optional[float]:
+    if v is None or v.__class__ is float:
+        return v
+    if v.__class__ is int:
+        try:
+            return float(v)
+        except OverflowError:
+            raise _not_a(path, "number") from None
+    raise _not_a(path, "number")
 
 
-ChatMessage = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage,
-                              LatestReminderMessage], Field(discriminator="role")]
+def _opt_choice(v, path: str, allowed: tuple) -> Optional[str]:
+    if v is None or (v.__class__ is str and v in allowed):
+        return v
+    raise _not_one_of(path, allowed, v)
 
 
-class FunctionDef(Model):
-    name: str
-    description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
-    strict: Optional[bool] = None
+def _opt_dict(v, path: str) -> Optional[dict]:
+    if v is None or v.__class__ is dict:
+        return v
+    raise _not_a(path, "dictionary")
 
 
-class FunctionTool(Model):
-    type: Literal["function"] = "function"
-    function: FunctionDef
-    defer_loading: bool = False
+def _bad_field(obj: dict, key: str, path: str, kind: str) -> RequestValidationError:
+    """A required field `key` of `obj` (at `path`) that is missing or not a `kind`."""
+    return _missing(f"{path}.{key}") if key not in obj else _not_a(f"{path}.{key}", kind)
 
 
-class NamedFunction(Model):
-    name: str
+def _required_str(obj: dict, key: str, path: str) -> str:
+    v = obj.get(key)
+    if v.__class__ is str:
+        return v
+    raise _bad_field(obj, key, path, "string")
 
 
-class NamedToolChoice(Model):
-    type: Literal["function"] = "function"
-    function: NamedFunction
+def _required_dict(obj: dict, key: str, path: str) -> dict:
+    v = obj.get(key)
+    if v.__class__ is dict:
+        return v
+    raise _bad_field(obj, key, path, "dictionary")
 
 
-class Thinking(Model):
-    type: Literal["enabled", "disabled", "adaptive"]
+def _required_choice(obj: dict, key: str, path: str, allowed: tuple) -> str:
+    if key not in obj:
+        raise _missing(f"{path}.{key}")
+    v = obj[key]
+    if v.__class__ is str and v in allowed:
+        return v
+    raise _not_one_of(f"{path}.{key}", allowed, v)
 
 
-class JsonSchemaSpec(Model):
-    name: Optional[str] = None
-    schema_: Any = Field(default=None, alias="schema")
-    strict: Optional[bool] = None
+# ---- reading --------------------------------------------------------------------------------
 
-
-class ResponseFormat(Model):
-    type: Literal["text", "json_object", "json_schema", "regex"]
-    json_schema: Optional[JsonSchemaSpec] = None
-    regex: Optional[str] = None
-
-    @model_validator(mode="after")
-    def _regex_given(self):
-        if self.type == "regex" and self.regex is None:
-            raise ValueError("missing field `regex`")
-        return self
-
-
-class StreamOptions(Model):
-    include_usage: bool = False
-
-
-Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
-
-
-class ChatCompletionRequest(Model):
-    """POST /v1/chat/completions body."""
-
-    model: str
-    messages: list[ChatMessage]
-    thinking: Optional[Thinking] = None
-    reasoning_effort: Optional[Effort] = None
-    tools: Optional[list[FunctionTool]] = None
-    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
-    response_format: Optional[ResponseFormat] = None
-    stop: Optional[Union[str, list[str]]] = None
-    n: Optional[int] = None
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
-    seed: Optional[int] = None
-    stream: Optional[bool] = None
-    stream_options: Optional[StreamOptions] = None
-
-
-def _parts(content, path: str) -> list:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [content]
-    chunks = []
-    for i, p in enumerate(content):
-        if p.type == "text":
-            chunks.append([p.text])
-        elif p.type == "file":
-            chunks.append([ImageSource("file", p.file, "high", f"{path}[{i}]")])
-        else:
-            url = p.image_url.url
-            chunks.append([ImageSource("data_url" if url.startswith("data:") else "url", url,
-                                       p.image_url.detail, f"{path}[{i}]")])
-    return join_parts(chunks)
-
-
-def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
+def _decoded(body: Any) -> dict:
     if isinstance(body, (str, bytes, bytearray)):
         try:
             body = json.loads(body)
-        except ValueError:
-            pass  # `validate` reports it
-    if body.__class__ is dict:
-        out = _fast_convert(body, opts)
-        if out is not None:
-            return out
-    req: ChatCompletionRequest = body if isinstance(body, ChatCompletionRequest) else \
-        validate(ChatCompletionRequest, body)
-    version = resolve_model(req.model, opts)
-    for i, t in enumerate(req.tools or ()):
-        check_tool_name(t.function.name, f"tools[{i}].function.name")
-    if not req.messages:
-        raise ConversionError("Empty input messages", param="messages")
-    thinking, effort = resolve_thinking(req.thinking.type if req.thinking else None,
-                                        req.reasoning_effort, opts)
-    max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+        except ValueError as e:
+            raise RequestValidationError(f"body: invalid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise RequestValidationError("body: expected a JSON object")
+    return body
 
-    tools = [make_tool(t.function.name, t.function.description, t.function.parameters,
-                       t.function.strict, t.defer_loading) for t in (req.tools or [])]
-    tool_names = [t.name for t in tools]
-    all_tools = tools
-    msgs = []
-    src = req.messages
-    n = len(src)
-    v41 = version is ModelVersion.V41
-    # one pass in message order, as the official package reports the first problem it meets
-    open_ids = need = None
-    caller = 0
-    for i, m in enumerate(src):
-        if m.role == "tool":
-            if open_ids is None or m.tool_call_id not in open_ids:
-                raise ConversionError("Messages with role 'tool' must be a response to a preceding "
-                                      "message with 'tool_calls'", param=f"messages[{i}]")
-            need.discard(m.tool_call_id)
-            continue
-        if need:
-            raise _insufficient(caller)
-        if v41 and isinstance(m.content, list) and any(p.type == "file" for p in m.content):
-            # V4.1 accepts no file parts
-            raise ConversionError(f".messages[{i}]: file must have a file_id or file_data",
-                                  param=f"messages[{i}]")
-        open_ids = need = None
-        if m.role == "assistant":
-            if version is ModelVersion.V41 and isinstance(m.content, list) and \
-                    any(p.type == "image_url" for p in m.content):
-                raise ConversionError("Image in assistant message is not supported",
-                                      param=f"messages[{i}]")  # V4.1 reads none
-            _check_assistant_shape(m.content, m.tool_calls, i)
-            if m.tool_calls:
-                open_ids = {c.id for c in m.tool_calls}
-                need = set(open_ids)
-                caller = i
-    if need:
-        raise _insufficient(caller)
-    for i, m in enumerate(src):
-        if m.role == "assistant" and m.prefix and i != n - 1:
-            raise ConversionError("Invalid completion message: prefix set true with message which is "
-                                  "not final message or message role is not assistant",
-                                  param=f"messages[{i}].prefix")
-    tc = req.tool_choice
-    tool_choice = "auto"
-    missing_choice = None
-    if isinstance(tc, str):
-        tool_choice = tc
-    elif tc is not None and tools:  # with no tools a named choice has nothing to name
-        tools = [t for t in tools if t.name == tc.function.name]
-        if not tools:  # refused in _finish, where the official package checks it
-            missing_choice = tc.function.name
-        tool_choice = "required"
-    for i, m in enumerate(src):
-        role = m.role
-        path = f"messages[{i}].content"
-        if role == "system":
-            parts = _parts(m.content, path)
-            if not parts or parts == [""]:
-                continue
-            msgs.append(Message("system", parts))
-        elif role == "user":
-            msgs.append(Message("user", _parts(m.content, path)))
-        elif role == "assistant":
-            parts = _parts(m.content, path)
-            if version is ModelVersion.V41 and any(p.__class__ is not str for p in parts):
-                raise ConversionError("Image in assistant message is not supported",
-                                      param=f"messages[{i}]")
-            calls = None
-            if m.tool_calls:
-                calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
-            msgs.append(Message("assistant", parts, m.reasoning_content, calls,
-                                prefix=m.prefix and i == n - 1))
-        elif role == "tool":
-            msgs.append(Message("tool", _parts(m.content, path), tool_call_id=m.tool_call_id))
+
+def _content(content, i: int) -> list:
+    """Content given as a list of parts -> message parts, the parts joined by a blank line."""
+    path = f"messages[{i}].content"
+    if content.__class__ is not list:
+        raise _not_a(path, "string")
+    parts: list = []
+    for j, p in enumerate(content):
+        if j:
+            parts.append("\n\n")
+        where = f"{path}[{j}]"
+        if p.__class__ is not dict:
+            raise _not_a(where, "dictionary")
+        kind = p.get("type")
+        if kind == "text":
+            parts.append(_required_str(p, "text", where))
+        elif kind == "image_url":
+            image = _required_dict(p, "image_url", where)
+            url = _required_str(image, "url", f"{where}.image_url")
+            detail = image.get("detail", "high")
+            if detail.__class__ is not str or detail not in IMAGE_DETAILS:
+                raise _not_one_of(f"{where}.image_url.detail", IMAGE_DETAILS, detail)
+            parts.append(ImageSource("data_url" if url.startswith("data:") else "url", url, detail,
+                                     where))
+        elif kind == "file":
+            # a file the recipe cannot read: V4 shows the image stub for it, V4.1 refuses it
+            parts.append(ImageSource("file", _opt_dict(p.get("file"), f"{where}.file"), "high",
+                                     where))
         else:
-            msgs.append(Message("latest_reminder", _parts(m.content, path)))
+            raise _unknown_tag(where, "type", PART_TYPES, p)
+    return parts
 
-    check_reasoning_passed(src, thinking, opts, "reasoning_content", has_tools=bool(req.tools))
-    rf = req.response_format
-    fmt, schema, strict_format = "text", None, False
-    if rf is not None and rf.type == "json_object":
-        fmt = "json_object"
-    elif rf is not None and rf.type == "json_schema":
-        fmt = "json_schema"
-        if rf.json_schema is None or rf.json_schema.schema_ is None:
-            raise RequestValidationError("response_format.json_schema.schema: Field required",
-                                         param="response_format")
-        schema = rf.json_schema.schema_
-        strict_format = bool(rf.json_schema.strict)
-    elif rf is not None and rf.type == "regex":
-        fmt, schema = "regex", rf.regex
-    last_prefix = src[-1].role == "assistant" and src[-1].prefix
-    so = req.stream_options
-    return _finish(req.model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt,
-                   (schema, strict_format, rf is not None, all_tools, missing_choice),
-                   last_prefix, max_tokens, req.temperature, req.top_p, req.logprobs,
-                   req.top_logprobs, req.seed, req.stop, req.stream, so is not None,
-                   bool(so and so.include_usage), req.n, req.frequency_penalty,
-                   req.presence_penalty, opts)
+
+def _tool_calls(calls, i: int) -> list:
+    if calls.__class__ is not list:
+        raise _not_a(f"messages[{i}].tool_calls", "list")
+    out = []
+    for j, c in enumerate(calls):
+        if c.__class__ is not dict:
+            raise _not_a(f"messages[{i}].tool_calls[{j}]", "dictionary")
+        call_id = c.get("id")
+        if call_id.__class__ is not str:
+            raise _bad_field(c, "id", f"messages[{i}].tool_calls[{j}]", "string")
+        kind = c.get("type", "function")
+        if kind != "function":
+            raise _not_one_of(f"messages[{i}].tool_calls[{j}].type", ("function",), kind)
+        f = c.get("function")
+        if f.__class__ is not dict:
+            raise _bad_field(c, "function", f"messages[{i}].tool_calls[{j}]", "dictionary")
+        name = f.get("name")
+        if name.__class__ is not str:
+            raise _bad_field(f, "name", f"messages[{i}].tool_calls[{j}].function", "string")
+        arguments = f.get("arguments", "")
+        if arguments.__class__ is not str:
+            raise _not_a(f"messages[{i}].tool_calls[{j}].function.arguments", "string")
+        out.append(ToolCall(call_id, name, arguments))
+    return out
 
 
 def _insufficient(i: int) -> ConversionError:
@@ -314,33 +217,253 @@ def _insufficient(i: int) -> ConversionError:
         param=f"messages[{i}].tool_calls")
 
 
-def _check_assistant_shape(content, tool_calls, i: int) -> None:
-    """An assistant turn with nothing in it has no rendering the official package accepts; an
-    empty content string or list is still content, an empty tool_calls list is not."""
-    if tool_calls is not None and not tool_calls:
-        raise ConversionError(f"Invalid 'messages[{i}].tool_calls': empty array. Expected an array "
-                              "with minimum length 1, but got an empty array instead.",
-                              param=f"messages[{i}].tool_calls")
-    if content is None and not tool_calls:
-        raise ConversionError("Invalid assistant message: content or tool_calls must be set",
-                              param=f"messages[{i}]")
+def _read_messages(src: list, v41: bool) -> tuple:
+    """-> (messages, the first broken rule or None, whether the last message is an assistant
+    prefix). The rules kept are those the official package checks in message order after
+    reading: each tool message answers a call of the assistant turn just before it, each call
+    is answered before the next turn, an assistant turn has content or calls, only the last
+    message may be a prefix, and V4.1 reads no file part and no image in an assistant turn."""
+    msgs = []
+    last = len(src) - 1
+    problem = prefix_problem = None
+    open_ids = need = None  # call ids the current run of tool messages answers, and those unanswered
+    caller = 0  # index of the assistant turn that made them
+    last_prefix = False
+    for i, m in enumerate(src):
+        if m.__class__ is not dict:
+            raise _not_a(f"messages[{i}]", "dictionary")
+        role = m.get("role")
+        if role.__class__ is not str or role not in _ROLE_SET:
+            raise _unknown_tag(f"messages[{i}]", "role", ROLES, m)
+        content = m.get("content")
+        if content.__class__ is str:
+            parts = [content]
+        elif content is None and role == "assistant":
+            parts = []  # an assistant turn may hold calls only
+        elif "content" not in m:
+            raise _missing(f"messages[{i}].content")
+        else:
+            parts = _content(content, i)
+
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if call_id is not None and call_id.__class__ is not str:
+                raise _not_a(f"messages[{i}].tool_call_id", "string")
+            if problem is None:
+                if open_ids is None or call_id not in open_ids:
+                    problem = ConversionError("Messages with role 'tool' must be a response to a "
+                                              "preceding message with 'tool_calls'",
+                                              param=f"messages[{i}]")
+                else:
+                    need.discard(call_id)
+            msgs.append(Message("tool", parts, None, None, call_id))
+            continue
+
+        if problem is None:
+            if need:
+                problem = _insufficient(caller)
+            elif v41 and content.__class__ is list and \
+                    any(p.__class__ is ImageSource and p.kind == "file" for p in parts):
+                problem = ConversionError(f".messages[{i}]: file must have a file_id or file_data",
+                                          param=f"messages[{i}]")
+            open_ids = need = None
+        if role != "assistant":
+            # a system message with nothing in it is left out
+            if role != "system" or (parts and parts != [""]):
+                msgs.append(Message(role, parts))
+            continue
+
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None and reasoning.__class__ is not str:
+            raise _not_a(f"messages[{i}].reasoning_content", "string")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            calls = _tool_calls(calls, i)
+        prefix = m.get("prefix", False)
+        if prefix.__class__ is not bool:
+            raise _not_a(f"messages[{i}].prefix", "boolean")
+        if problem is None:
+            if v41 and content.__class__ is list and \
+                    any(p.__class__ is ImageSource for p in parts):
+                problem = ConversionError("Image in assistant message is not supported",
+                                          param=f"messages[{i}]")
+            elif calls is not None and not calls:
+                # an empty content string or list is still content, an empty call list is not
+                problem = ConversionError(
+                    f"Invalid 'messages[{i}].tool_calls': empty array. Expected an array with "
+                    "minimum length 1, but got an empty array instead.",
+                    param=f"messages[{i}].tool_calls")
+            elif content is None and not calls:
+                problem = ConversionError("Invalid assistant message: content or tool_calls must "
+                                          "be set", param=f"messages[{i}]")
+            elif calls:
+                open_ids = {c.id for c in calls}
+                need = set(open_ids)
+                caller = i
+        if prefix:
+            if i == last:
+                last_prefix = True
+            elif prefix_problem is None:
+                prefix_problem = ConversionError(
+                    "Invalid completion message: prefix set true with message which is not "
+                    "final message or message role is not assistant", param=f"messages[{i}].prefix")
+        msgs.append(Message("assistant", parts, reasoning, calls or None, None, prefix and i == last))
+    if problem is None and need:
+        problem = _insufficient(caller)
+    return msgs, problem or prefix_problem, last_prefix
 
 
-def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effort, fmt, schema,
-            last_prefix, max_tokens, temperature, top_p, logprobs, top_logprobs, seed, stop,
-            stream, has_stream_options, include_usage, n, frequency_penalty, presence_penalty,
-            opts) -> ConvertedRequest:
-    """The checks and results that follow building the messages. Both conversion paths end
-    here, so every rule below holds for both; the order of the checks is the official
-    package's, which decides the error a request with several problems gets."""
-    regex = None
-    # the model-based path passes the format details and every tool (before a named
-    # tool_choice picked one: strict tools are all read) with the schema
-    schema, strict_format, format_given, all_tools, missing_choice = \
-        schema if schema.__class__ is tuple else (schema, False, False, tools, None)
-    if fmt == "regex":
-        # a regex constrains decoding only; the prompt is that of plain text
-        regex, fmt, schema = schema, "text", None
+def _read_tools(raw) -> list:
+    if raw is None:
+        return []
+    if raw.__class__ is not list:
+        raise _not_a("tools", "list")
+    tools = []
+    for i, t in enumerate(raw):
+        if t.__class__ is not dict:
+            raise _not_a(f"tools[{i}]", "dictionary")
+        kind = t.get("type", "function")
+        if kind != "function":
+            raise _not_one_of(f"tools[{i}].type", ("function",), kind)
+        f = t.get("function")
+        if f.__class__ is not dict:
+            raise _bad_field(t, "function", f"tools[{i}]", "dictionary")
+        name = f.get("name")
+        if name.__class__ is not str:
+            raise _bad_field(f, "name", f"tools[{i}].function", "string")
+        description = f.get("description")
+        if description is not None and description.__class__ is not str:
+            raise _not_a(f"tools[{i}].function.description", "string")
+        parameters = f.get("parameters")
+        if parameters is not None and parameters.__class__ is not dict:
+            raise _not_a(f"tools[{i}].function.parameters", "dictionary")
+        strict = f.get("strict")
+        if strict is not None and strict.__class__ is not bool:
+            raise _not_a(f"tools[{i}].function.strict", "boolean")
+        defer = t.get("defer_loading", False)
+        if defer.__class__ is not bool:
+            raise _not_a(f"tools[{i}].defer_loading", "boolean")
+        # the parameters are read (and a strict tool's normalised) into a copy of their own
+        tools.append(ToolDefinition(name, description, None if parameters is None else
+                                    dict(parameters), strict, defer))
+    return tools
+
+
+def _read_tool_choice(raw) -> tuple:
+    """-> (none | auto | required, the name a named choice gives or None)."""
+    if raw is None:
+        return "auto", None
+    if raw.__class__ is dict:
+        kind = raw.get("type", "function")
+        if kind != "function":
+            raise _not_one_of("tool_choice.type", ("function",), kind)
+        f = _required_dict(raw, "function", "tool_choice")
+        return "auto", _required_str(f, "name", "tool_choice.function")
+    if raw.__class__ is str and raw in TOOL_CHOICES:
+        return raw, None
+    raise _not_one_of("tool_choice", TOOL_CHOICES, raw)
+
+
+def _read_format(raw) -> tuple:
+    """-> (format type or None when not given, json_schema dict or None, the regex of a regex
+    format or None)."""
+    if raw is None:
+        return None, None, None
+    if raw.__class__ is not dict:
+        raise _not_a("response_format", "dictionary")
+    kind = _required_choice(raw, "type", "response_format", FORMAT_TYPES)
+    spec = _opt_dict(raw.get("json_schema"), "response_format.json_schema")
+    if spec is not None:
+        _opt_str(spec.get("name"), "response_format.json_schema.name")
+        _opt_bool(spec.get("strict"), "response_format.json_schema.strict")
+    regex = _opt_str(raw.get("regex"), "response_format.regex")
+    if kind == "regex" and regex is None:
+        raise _missing("response_format.regex")
+    return kind, spec, regex if kind == "regex" else None
+
+
+def _read_stop(raw):
+    if raw is None or raw.__class__ is str:
+        return raw
+    if raw.__class__ is not list:
+        raise _not_a("stop", "string")
+    for i, s in enumerate(raw):
+        if s.__class__ is not str:
+            raise _not_a(f"stop[{i}]", "string")
+    return raw
+
+
+# ---- conversion -----------------------------------------------------------------------------
+
+def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
+    body = _decoded(body)
+    g = body.get
+    # the fields are read in the official order, which decides the error a body with several
+    # shape problems gets
+    model = g("model")
+    if model.__class__ is not str:
+        raise _missing("model") if "model" not in body else _not_a("model", "string")
+    src = g("messages")
+    if src.__class__ is not list:
+        raise _missing("messages") if "messages" not in body else _not_a("messages", "list")
+    msgs, problem, last_prefix = _read_messages(
+        src, opts.model_versions_by_name.get(model) is ModelVersion.V41)
+    thinking = _opt_dict(g("thinking"), "thinking")
+    if thinking is not None:
+        thinking = _required_choice(thinking, "type", "thinking", THINKING_TYPES)
+    effort = _opt_choice(g("reasoning_effort"), "reasoning_effort", EFFORTS)
+    tools = _read_tools(g("tools"))
+    tool_choice, named_choice = _read_tool_choice(g("tool_choice"))
+    fmt, format_spec, regex = _read_format(g("response_format"))
+    stop = _read_stop(g("stop"))
+    n = _opt_int(g("n"), "n")
+    max_tokens = _opt_int(g("max_tokens"), "max_tokens")
+    max_completion_tokens = _opt_int(g("max_completion_tokens"), "max_completion_tokens")
+    temperature = _opt_float(g("temperature"), "temperature")
+    top_p = _opt_float(g("top_p"), "top_p")
+    frequency_penalty = _opt_float(g("frequency_penalty"), "frequency_penalty")
+    presence_penalty = _opt_float(g("presence_penalty"), "presence_penalty")
+    logprobs = _opt_bool(g("logprobs"), "logprobs")
+    top_logprobs = _opt_int(g("top_logprobs"), "top_logprobs")
+    seed = _opt_int(g("seed"), "seed")
+    stream = _opt_bool(g("stream"), "stream")
+    stream_options = _opt_dict(g("stream_options"), "stream_options")
+    include_usage = False
+    if stream_options is not None:
+        include_usage = stream_options.get("include_usage", False)
+        if include_usage.__class__ is not bool:
+            raise _not_a("stream_options.include_usage", "boolean")
+
+    # the rules about meaning, in the official package's order
+    version = resolve_model(model, opts)
+    for i, t in enumerate(tools):
+        check_tool_name(t.name, f"tools[{i}].function.name")
+    if not src:
+        raise ConversionError("Empty input messages", param="messages")
+    thinking, effort = resolve_thinking(thinking, effort, opts)
+    if problem is not None:
+        raise problem
+    tool_names = [t.name for t in tools]
+    all_tools = tools
+    missing_choice = None
+    if named_choice is not None and tools:  # with no tools a named choice has nothing to name
+        tools = [t for t in tools if t.name == named_choice]
+        if not tools:
+            missing_choice = named_choice
+        tool_choice = "required"
+    check_reasoning_passed(msgs, thinking, opts, "reasoning_content", has_tools=bool(all_tools))
+    format_given = fmt is not None
+    schema = None
+    strict_format = False
+    if fmt == "json_schema":
+        if format_spec is None or format_spec.get("schema") is None:
+            raise RequestValidationError("response_format.json_schema.schema: Field required",
+                                         param="response_format")
+        schema = format_spec["schema"]
+        strict_format = bool(format_spec.get("strict"))
+    elif fmt != "json_object":
+        fmt = "text"  # a regex constrains decoding only; the prompt is that of plain text
+
     conv = Conversation(msgs, thinking, tools, tool_choice, effort, fmt, schema)
     check_json_word(conv)
     read_tool_schemas(all_tools, tool_choice)
@@ -363,7 +486,7 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     elif fmt == "json_schema":
         check_document(schema)
     check_stop(stop)
-    if has_stream_options and not stream:
+    if stream_options is not None and not stream:
         raise ConversionError("stream_options should be set along with stream = true",
                               param="stream_options")
     if n is not None and n > 1:
@@ -376,6 +499,8 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
         raise ConversionError("Invalid top_logprobs and logprobs value, logprobs must be set to true "
                               "if top_logprobs is used.", param="top_logprobs")
     check_top_logprobs(top_logprobs)
+    if max_tokens is None:
+        max_tokens = max_completion_tokens
     bound = opts.thinking_max_tokens_upper_bound if thinking else opts.non_thinking_max_tokens_upper_bound
     if max_tokens is not None and not (1 <= max_tokens <= bound):
         raise ConversionError(f"Invalid max_tokens value, the valid range of max_tokens is [1, {bound}]",
@@ -390,215 +515,6 @@ def _finish(model, version, msgs, thinking, tools, tool_names, tool_choice, effo
     parsing = make_parsing(conv, rendered_tools, stop, opts)
     return ConvertedRequest("chat", model, version, conv, inf, parsing, bool(stream),
                             include_usage)
-
-
-_OPT_INT = ("n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed")
-_OPT_BOOL = ("logprobs", "stream")
-_OPT_FLOAT = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
-_THINKING_TYPES = frozenset(("enabled", "disabled", "adaptive"))
-_EFFORTS = frozenset(("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"))
-_TOOL_CHOICES = frozenset(("none", "auto", "required"))
-_MSG_ROLES = frozenset(("system", "user", "assistant", "tool", "latest_reminder"))
-
-
-def _fast_text(content):
-    """Message content -> parts for the plain shapes (a string, or a list of text parts);
-    None for anything else (images, wrong types...)."""
-    if content.__class__ is str:
-        return [content]
-    if content.__class__ is not list:
-        return None
-    out: list = []
-    for p in content:
-        if p.__class__ is not dict or p.get("type") != "text":
-            return None
-        t = p.get("text")
-        if t.__class__ is not str:
-            return None
-        if out:
-            out.append("\n\n")
-        out.append(t)
-    return out
-
-
-def _fast_convert(body: dict, opts: ConversionOptions) -> Optional[ConvertedRequest]:
-    """The common, valid request shape converted straight from the dict, without building
-    the request models. Returns None whenever anything is unusual (an image, a named tool
-    choice, a response format, a value of another type than the plain JSON one, any error):
-    the model-based path then handles the request, so results and error messages are the same."""
-    g = body.get
-    model = g("model")
-    src = g("messages")
-    if model.__class__ is not str or src.__class__ is not list or not src:
-        return None
-    for k in _OPT_INT:
-        v = g(k)
-        if v is not None and v.__class__ is not int:
-            return None
-    for k in _OPT_BOOL:
-        v = g(k)
-        if v is not None and v.__class__ is not bool:
-            return None
-    for k in _OPT_FLOAT:
-        v = g(k)
-        if v is not None and v.__class__ is not float:
-            return None
-    if g("response_format") is not None or opts.reasoning_content_behavior == "reject":
-        return None
-    stop = g("stop")
-    if stop.__class__ is list:
-        for x in stop:
-            if x.__class__ is not str:
-                return None
-    elif stop is not None and stop.__class__ is not str:
-        return None
-    include_usage = False
-    so = g("stream_options")
-    if so is not None:
-        if so.__class__ is not dict:
-            return None
-        include_usage = so.get("include_usage", False)
-        if include_usage.__class__ is not bool:
-            return None
-    th = g("thinking")
-    if th is not None:
-        if th.__class__ is not dict:
-            return None
-        th = th.get("type")
-        if th.__class__ is not str or th not in _THINKING_TYPES:
-            return None
-    effort = g("reasoning_effort")
-    if effort is not None and (effort.__class__ is not str or effort not in _EFFORTS):
-        return None
-    tool_choice = g("tool_choice")
-    if tool_choice is None:
-        tool_choice = "auto"
-    elif tool_choice.__class__ is not str or tool_choice not in _TOOL_CHOICES:
-        return None
-
-    tools = []
-    raw_tools = g("tools")
-    if raw_tools is not None:
-        if raw_tools.__class__ is not list:
-            return None
-        strict_kinds = set()
-        for t in raw_tools:
-            if t.__class__ is not dict or t.get("type", "function") != "function":
-                return None
-            f = t.get("function")
-            defer = t.get("defer_loading", False)
-            if f.__class__ is not dict or defer.__class__ is not bool:
-                return None
-            name = f.get("name")
-            desc = f.get("description")
-            params = f.get("parameters")
-            strict = f.get("strict")
-            if name.__class__ is not str or (desc is not None and desc.__class__ is not str) \
-                    or (strict is not None and strict.__class__ is not bool) \
-                    or not tool_name_ok(name):
-                return None
-            if params is not None:
-                if params.__class__ is not dict:
-                    return None
-                for k in params:
-                    if k.__class__ is not str:
-                        return None
-                params = dict(params)
-            if strict:
-                return None  # normalised on the model-based path
-            strict_kinds.add(bool(strict))
-            tools.append(ToolDefinition(name, desc, params, strict, defer))
-        if len(strict_kinds) > 1:
-            return None
-
-    # resolve and range checks (any failure: the model-based path raises the error)
-    version = opts.model_versions_by_name.get(model)
-    if version is None:
-        return None
-    thinking, effort = resolve_thinking(th, effort, opts)
-    max_tokens = g("max_tokens")
-    if max_tokens is None:
-        max_tokens = g("max_completion_tokens")
-
-    msgs = []
-    last = len(src) - 1
-    open_ids = None  # ids of the calls the current run of tool messages answers
-    need = None  # ids of those not answered yet
-    last_prefix = False
-    for i, m in enumerate(src):
-        if m.__class__ is not dict:
-            return None
-        role = m.get("role")
-        if role == "tool":
-            tcid = m.get("tool_call_id")
-            if tcid.__class__ is not str or open_ids is None or tcid not in open_ids:
-                return None
-            parts = _fast_text(m.get("content"))
-            if parts is None:
-                return None
-            need.discard(tcid)
-            msgs.append(Message("tool", parts, None, None, tcid))
-            continue
-        if need:
-            return None  # insufficient tool messages after an assistant's tool_calls
-        if role == "assistant":
-            content = m.get("content")
-            if content is None:
-                parts = []
-            else:
-                parts = _fast_text(content)
-                if parts is None:
-                    return None
-            rc = m.get("reasoning_content")
-            prefix = m.get("prefix", False)
-            if (rc is not None and rc.__class__ is not str) or prefix.__class__ is not bool:
-                return None
-            if prefix:
-                if i != last:
-                    return None
-                last_prefix = True
-            raw_calls = m.get("tool_calls")
-            calls = None
-            open_ids = need = None
-            if not raw_calls and (raw_calls is not None or content is None):
-                return None  # no calls and no content, or an empty call list
-            if raw_calls is not None:
-                if raw_calls.__class__ is not list:
-                    return None
-                if raw_calls:
-                    calls = []
-                    for c in raw_calls:
-                        if c.__class__ is not dict or c.get("type", "function") != "function":
-                            return None
-                        cid = c.get("id")
-                        f = c.get("function")
-                        if cid.__class__ is not str or f.__class__ is not dict:
-                            return None
-                        name = f.get("name")
-                        args = f.get("arguments", "")
-                        if name.__class__ is not str or args.__class__ is not str:
-                            return None
-                        calls.append(ToolCall(cid, name, args))
-                    open_ids = {c.id for c in calls}
-                    need = set(open_ids)
-            msgs.append(Message("assistant", parts, rc, calls, None, prefix))
-            continue
-        open_ids = None
-        if role.__class__ is not str or role not in _MSG_ROLES:
-            return None
-        parts = _fast_text(m.get("content"))
-        if parts is None:
-            return None
-        if role == "system":
-            if not parts or parts == [""]:
-                continue
-        msgs.append(Message(role, parts))
-    if need:
-        return None
-    return _finish(model, version, msgs, thinking, tools, [t.name for t in tools], tool_choice,
-                   effort, "text", None, last_prefix, max_tokens, g("temperature"), g("top_p"),
-                   g("logprobs"), g("top_logprobs"), g("seed"), stop, g("stream"), so is not None,
-                   include_usage, g("n"), g("frequency_penalty"), g("presence_penalty"), opts)
 
 
 def make_parsing(conv: Conversation, rendered_tools: bool, stop: list,

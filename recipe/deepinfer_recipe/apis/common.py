@@ -21,7 +21,9 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
-_TAGS: set = set()
+# union and discriminator tags of the request models, which a field path leaves out
+_TAGS: set = {"system", "user", "assistant", "tool", "latest_reminder", "text", "image_url", "file",
+              "function", "json_object", "json_schema", "enabled", "disabled", "adaptive"}
 
 
 def loc_str(loc: tuple) -> str:
@@ -124,10 +126,12 @@ def check_tool_name(name: str, path: str) -> None:
     """Tool names become identifiers in the rendered tool schema and in parsed calls, so the
     official package refuses anything a client SDK could not round-trip. Its length limit
     counts UTF-8 bytes, and it reports length before pattern."""
+    if tool_name_ok(name):
+        return
     if not name:
         raise ConversionError(f"Invalid '{path}': empty string. Expected a string with minimum "
                               "length 1, but got an empty string instead.", param=path)
-    n = len(name.encode("utf-8"))
+    n = len(name.encode("utf-8", "surrogatepass"))  # a lone surrogate fails the pattern below
     if n > TOOL_NAME_MAX:
         raise ConversionError(f"Invalid '{path}': string too long. Expected a string with maximum "
                               f"length {TOOL_NAME_MAX}, but got a string with length {n} instead.",
