@@ -16,11 +16,12 @@ from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
 from deepinfer_plugins.models.deepseek_v41.args import ModelArgs
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
 from deepinfer_plugins.models.deepseek_v41.linear import Linear
-from deepinfer_plugins.models.deepseek_v41.loader import new_model
+from deepinfer_plugins.models.deepseek_v41.loader import CheckpointError, load_weights, new_model
 from deepinfer_plugins.models.deepseek_v41.moe import RoutedExperts
 from deepinfer_plugins.models.deepseek_v41.sharding import TensorParallel, shard_model
 
 from ..conftest import prompt
+from .test_loader_paths import checkpoint_weights
 
 WORLD = 2
 
@@ -148,3 +149,37 @@ def test_uneven_splits_are_refused():
     model = new_model(DeepseekV41ForCausalLM, ModelArgs.preset("tiny-vocab256"), torch.float32)
     with pytest.raises(ValueError, match="o_groups=2 cannot be split over 3 ranks"):
         shard_model(model, TensorParallel(0, 3, never_reduced))
+
+
+def engine_loaded_rank(path, rank: int, weights):
+    """A rank loaded the way an engine adapter loads it: whole tensors streamed into ``load_weights``."""
+    model = new_model(DeepseekV41ForCausalLM, ModelArgs.from_file(path), torch.float32)
+    plan = shard_model(model, TensorParallel(rank, WORLD, never_reduced))
+    load_weights(model, weights, "the streamed checkpoint", plan=plan)
+    return model.finish_loading()
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_an_engine_stream_gives_the_same_shard_as_reading_slices(checkpoint, rank):
+    _, path, _ = checkpoint
+    streamed = engine_loaded_rank(path, rank, checkpoint_weights(path))
+    read = DeepseekV41ForCausalLM.from_pretrained(path, with_drafter=False,
+                                                  tensor_parallel=TensorParallel(rank, WORLD, never_reduced))
+    expected = read.state_dict()
+    state = streamed.state_dict()
+    assert state.keys() == expected.keys()
+    for name, tensor in state.items():
+        assert tensor.dtype == expected[name].dtype and torch.equal(tensor.view(torch.uint8),
+                                                                    expected[name].view(torch.uint8)), name
+
+
+def test_a_split_tensor_of_the_wrong_whole_shape_is_refused(tiny256_dir):
+    """A rank checks the whole tensor, not just its part: a checkpoint of another width cannot pass for it."""
+    def with_wider_wq_b():
+        for name, tensor in checkpoint_weights(tiny256_dir):
+            if name == "layers.0.attn.wq_b.weight":
+                tensor = torch.cat([tensor, tensor[:32]])
+            yield name, tensor
+
+    with pytest.raises(CheckpointError, match=r"layers.0.attn.wq_b.weight.*shape \(160, 16\).*\(128, 16\)"):
+        engine_loaded_rank(tiny256_dir, 0, with_wider_wq_b())
