@@ -7,9 +7,10 @@ runs the core's attention over those chunks. With DSpark the forward stays eager
 ``DeepseekV41Model.hidden_states``, which captures the drafter's features. Weight names are the
 official checkpoint names under ``model.``; quantised tensors are loaded as stored (see models/.../linear.py).
 
-Tensor parallelism: after loading, every rank keeps its shard of each block (attention heads by output group, every
-expert's width; models/deepseek_v41/sharding.py) and vLLM's all-reduce sums the partial sublayer outputs. The
-caches are replicated (one latent KV head).
+Tensor parallelism: every rank builds its shard of each block (attention heads by output group, every expert's
+width; models/deepseek_v41/sharding.py) before loading, the core loader keeps only the rank's part of each split
+tensor vLLM streams, and vLLM's all-reduce sums the partial sublayer outputs. The caches are replicated (one latent
+KV head).
 
 DSpark speculation (spec_decode.py): when the speculative config names ``DeepInferDSparkProposer`` (or a subclass),
 the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, in the
@@ -33,7 +34,7 @@ from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions, ranges_rows
 from ..models.deepseek_v41.loader import attach_engram_token_map, load_weights, new_model
 from ..models.deepseek_v41.model import DeepseekV41ForCausalLM
-from ..models.deepseek_v41.sharding import shard_blocks
+from ..models.deepseek_v41.sharding import ShardPlan, TensorParallel, shard_model
 from ..ops.cache import to_device
 from .cache import (PagedSequenceState, PagedStep, StoredPositions, make_cache_owners,
                     make_dspark_feature_owner, write_dspark_context)
@@ -86,12 +87,12 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         model_config = vllm_config.model_config
-        self.tensor_parallel = vllm_config.parallel_config.tensor_parallel_size
         self.args = ModelArgs.from_file(Path(model_config.model))
         dtype = model_config.dtype
         self.num_speculative_tokens = dspark_tokens(vllm_config)
         with_drafter = self.num_speculative_tokens > 0
         self.model = new_model(DeepseekV41ForCausalLM, self.args, dtype, with_drafter)
+        self.shard_plan = self._shard(vllm_config.parallel_config.tensor_parallel_size)
         attach_engram_token_map(self.model, Path(model_config.tokenizer))
         self.window_caches, self.compressed_caches, self.input_caches = make_cache_owners(self.args, vllm_config,
                                                                                           prefix)
@@ -111,6 +112,15 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                             "in the opaque ops %s", mode.name, ", ".join((ATTENTION_OP, ENGRAM_OP)))
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
+
+    def _shard(self, world: int) -> ShardPlan | None:
+        """This rank's shard shape, before any weight is read (vLLM has set up its tensor-parallel group)."""
+        if world == 1:
+            return None
+        from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
+
+        return shard_model(self.model, TensorParallel(get_tensor_model_parallel_rank(), world,
+                                                      tensor_model_parallel_all_reduce))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed(input_ids).to(self.model.dtype)
@@ -169,11 +179,6 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Official checkpoint names -> ``model.<name>``, through the core's ``load_weights`` (which skips the
         vision/image tensors, and the drafter's ``mtp.*`` unless DSpark speculation is configured)."""
-        load_weights(self.model, weights, "the checkpoint vLLM loaded")
-        if self.tensor_parallel > 1:
-            from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
-
-            shard_blocks(self.model.layers, get_tensor_model_parallel_rank(), self.tensor_parallel,
-                         tensor_model_parallel_all_reduce)
+        load_weights(self.model, weights, "the checkpoint vLLM loaded", plan=self.shard_plan)
         self.model.finish_loading(keep_dense=envs.keep_dense_weights(on_cpu=self.model.embed.weight.is_cpu))
         return {f"model.{name}" for name, _ in self.model.named_parameters()}  # vLLM checks parameter names

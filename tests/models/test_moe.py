@@ -6,9 +6,7 @@ import torch
 
 from deepinfer_plugins import ops
 from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
-from deepinfer_plugins.models.deepseek_v41.args import ModelArgs
-from deepinfer_plugins.models.deepseek_v41.moe import MoE, RoutedExperts
-from deepinfer_plugins.models.deepseek_v41.sharding import shard_moe
+from deepinfer_plugins.models.deepseek_v41.moe import RoutedExperts
 
 from ..conftest import prompt
 
@@ -115,25 +113,6 @@ def test_an_expert_no_token_chose_and_an_empty_batch(gen):
     torch.testing.assert_close(got, token_by_token(x, weights, ids, experts, None), atol=1e-5, rtol=1e-5)
     empty = ops.moe_experts.reference(x[:0], weights[:0], ids[:0], experts.stored_weights(), None)
     assert empty.shape == (0, D) and empty.dtype == torch.float32
-
-
-@pytest.mark.parametrize("inter,fp4_shards", [(32, False), (64, True)])
-def test_tensor_parallel_shards_of_the_routed_experts_sum_to_the_whole(inter, fp4_shards, gen):
-    """Two ranks: 32-wide experts split into 16-column halves (not a scale block: dequantised shards), 64-wide ones
-    into two FP4 halves of one scale block each."""
-    args = ModelArgs.preset("tiny", moe_intermediate_size=inter)
-    moe = MoE(args, torch.float32)
-    moe.experts = random_experts(gen, args.n_routed_experts, args.hidden_size, inter)
-    for linear in (moe.shared_experts.w1, moe.shared_experts.w2, moe.shared_experts.w3):
-        linear.weight.data, linear.scale.data = ops.quantize_fp8_weight(
-            torch.randn(linear.out_features, linear.in_features, generator=gen) / linear.in_features ** 0.5)
-    torch.nn.init.normal_(moe.gate.weight, generator=gen)
-    x = torch.randn(7, args.hidden_size, generator=gen)
-    shards = [shard_moe(moe, rank, 2) for rank in range(2)]
-    assert shards[0].experts.weights(x.dtype).quantised == fp4_shards
-    assert shards[1].experts.w1.shape[:2] == (args.n_routed_experts, inter // 2)
-    total = sum(shard(x) for shard in shards)
-    torch.testing.assert_close(total, moe(x), atol=1e-5, rtol=1e-4)
 
 
 def test_keep_dense_weights_covers_the_routed_experts_and_changes_no_logit(tiny256_dir):

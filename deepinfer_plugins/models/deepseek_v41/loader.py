@@ -4,7 +4,9 @@ Module names mirror the official tensor names (docs/model.md#checkpoint-names-an
 identity for the text model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image
 embeddings are skipped (the vision tower is not implemented). ``load_weights`` is the one loader: ``load_model``
 feeds it the shards, and the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the
-same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Every
+same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Given
+a tensor-parallel ``ShardPlan`` (sharding.py), it reads only the rank's part of each split tensor: from the shards
+through ``StoredTensor``, which reads that part alone, or sliced off an engine's whole tensor. Every
 problem raises ``CheckpointError`` naming the tensor and the shard, and ``load_model`` returns no half-loaded model:
 the names are checked against the index before any shard is read, and a bad tensor raises before the model is
 returned.
@@ -22,6 +24,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from .args import ConfigError, ModelArgs
+from .sharding import ShardPlan, TensorParallel, finish_shards, shard_model
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,31 @@ def _open(file: Path):
         return safe_open(str(file), framework="pt")
     except Exception as exc:  # safetensors raises its own error types for truncated or corrupt headers
         raise CheckpointError(f"shard {file.name}: cannot be read ({exc}); the file may be truncated") from None
+
+
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                      "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I8": torch.int8,
+                      "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+                      "BOOL": torch.bool}
+
+
+class StoredTensor:
+    """A tensor of an open shard, not read yet: shape and dtype come from the header, and indexing reads only
+    the indexed part, so a tensor-parallel rank never holds a whole split tensor."""
+
+    def __init__(self, handle, name: str, file: str):
+        self.name, self.file, self._slice = name, file, handle.get_slice(name)
+        self.shape = torch.Size(self._slice.get_shape())
+        self.dtype = SAFETENSORS_DTYPES.get(self._slice.get_dtype())
+        if self.dtype is None:
+            raise CheckpointError(f"tensor {name!r} in {file}: unsupported dtype {self._slice.get_dtype()}")
+
+    def __getitem__(self, index) -> torch.Tensor:
+        try:
+            return self._slice[index]
+        except Exception as exc:
+            raise CheckpointError(f"tensor {self.name!r} in {self.file} cannot be read ({exc}); "
+                                  "the shard may be truncated") from None
 
 
 def is_quantised(dtype: torch.dtype) -> bool:
@@ -114,8 +142,9 @@ def _store(model: torch.nn.Module, name: str, target: torch.Tensor, tensor: torc
     model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(tensor.to(target.device), requires_grad=False)
 
 
-def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                 source: str = "the checkpoint", where: Callable[[str], str] | None = None) -> set[str]:
+def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor | StoredTensor]],
+                 source: str = "the checkpoint", where: Callable[[str], str] | None = None,
+                 plan: ShardPlan | None = None) -> set[str]:
     """Official-name tensors -> ``model``'s parameters, in place; the one loader of every engine. -> names loaded.
 
     Tensors stream: each is checked (a tensor of the model, its shape, a quantised dtype exactly the model's)
@@ -123,8 +152,10 @@ def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
     E8M0 scales, FP8 Engram tables) are kept as stored, and a float tensor keeps the float dtype it is stored
     in: the kernels read bf16 weights as stored (ops/gemm.py), and converting would round (fp16 or fp32 into
     bf16) or double the memory (bf16 into fp32). ``skipped`` tensors are passed over. ``source`` names the
-    checkpoint in errors, ``where(name)`` the file of one tensor (default: ``source``). After a
-    ``CheckpointError`` the model is partly loaded: callers discard it.
+    checkpoint in errors, ``where(name)`` the file of one tensor (default: ``source``). With a ``plan`` (a
+    model reshaped by ``shard_model``), a split tensor is checked against its whole shape and only the rank's
+    part is kept; ``finish_shards`` then completes the shards. After a ``CheckpointError`` the model is partly
+    loaded: callers discard it.
     """
     where = where or (lambda name: source)
     targets = model.state_dict(keep_vars=True)  # official names; routed experts as views of their stacks
@@ -137,17 +168,26 @@ def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
         if name not in targets:
             raise CheckpointError(f"unexpected tensor {name!r} in {where(name)}: not part of the model the config "
                                   "describes")
-        check_tensor(name, where(name), tensor.shape, tensor.dtype, targets[name])
+        read = plan.reads.get(name) if plan is not None else None
+        expected = targets[name] if read is None else torch.empty(read.full_shape, dtype=targets[name].dtype,
+                                                                   device="meta")
+        check_tensor(name, where(name), tensor.shape, tensor.dtype, expected)
+        if read is not None:
+            tensor = tensor[read.index].clone() if isinstance(tensor, torch.Tensor) else tensor[read.index]
         _store(model, name, targets[name], tensor)
         loaded.add(name)
     if passed_over:
         logger.info("checkpoint: skipped %d vision / image / unbuilt drafter tensors", passed_over)
     check_names(targets, loaded, where, source)
+    if plan is not None:
+        finish_shards(model, plan)
     return loaded
 
 
-def shard_tensors(path: Path, names: dict[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every ``names`` entry (name -> shard file), shard by shard."""
+def shard_tensors(path: Path, names: dict[str, str], plan: ShardPlan | None = None
+                  ) -> Iterator[tuple[str, torch.Tensor | StoredTensor]]:
+    """(name, tensor) of every ``names`` entry (name -> shard file), shard by shard; a tensor the ``plan``
+    splits comes unread, as a ``StoredTensor``, for ``load_weights`` to read the rank's part of."""
     by_file: dict[str, list[str]] = {}
     for name, file in names.items():
         by_file.setdefault(file, []).append(name)
@@ -158,6 +198,9 @@ def shard_tensors(path: Path, names: dict[str, str]) -> Iterator[tuple[str, torc
             for name in by_file[file]:
                 if name not in present:
                     raise CheckpointError(f"missing tensor {name!r}: the index lists it in {file}, which lacks it")
+                if plan is not None and name in plan.reads:
+                    yield name, StoredTensor(f, name, file)
+                    continue
                 try:
                     tensor = f.get_tensor(name)
                 except Exception as exc:
@@ -166,13 +209,13 @@ def shard_tensors(path: Path, names: dict[str, str]) -> Iterator[tuple[str, torc
                 yield name, tensor
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module) -> set[str]:
+def load_checkpoint(path: Path, model: torch.nn.Module, plan: ShardPlan | None = None) -> set[str]:
     """Every tensor of the checkpoint directory ``path`` into ``model``, through ``load_weights``; the names are
-    checked against the index before any shard is read."""
+    checked against the index before any shard is read. ``plan``: the rank's parts of split tensors only."""
     wanted = {n: f for n, f in shard_map(path).items() if not skipped(n, model)}
     listed_in = INDEX_FILE if (path / INDEX_FILE).exists() else SINGLE_FILE
     check_names(model.state_dict(), wanted, wanted.__getitem__, listed_in)
-    return load_weights(model, shard_tensors(path, wanted), listed_in, wanted.__getitem__)
+    return load_weights(model, shard_tensors(path, wanted, plan), listed_in, wanted.__getitem__, plan)
 
 
 def drafter_tensor_names(args: ModelArgs) -> list[str]:
@@ -198,8 +241,10 @@ def checkpoint_has_drafter(path: Path, args: ModelArgs) -> bool:
 
 
 def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               with_drafter: bool | None = False, **overrides):
+               with_drafter: bool | None = False, tensor_parallel: TensorParallel | None = None, **overrides):
     """Build ``cls`` from ``path``/config.json and assign every checkpoint tensor (strict).
+
+    ``tensor_parallel``: build and read only that rank's shard (sharding.py).
 
     ``with_drafter`` (only for classes that take it, DeepseekV41ForCausalLM): True builds the DSpark drafter and
     requires its ``mtp.*`` tensors, None builds it iff the checkpoint holds all of them, False skips them.
@@ -216,7 +261,8 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
     if with_drafter and args.num_nextn_predict_layers < 1:
         raise CheckpointError(f"{path / 'config.json'}: with_drafter=True but num_nextn_predict_layers is 0")
     model = new_model(cls, args, dtype, with_drafter)
-    load_checkpoint(path, model)
+    plan = shard_model(model, tensor_parallel) if tensor_parallel is not None else None
+    load_checkpoint(path, model, plan)
     model.to(device).finish_loading()
     attach_engram_token_map(model, path)
     return model.eval()

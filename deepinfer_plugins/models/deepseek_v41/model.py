@@ -205,9 +205,12 @@ class DeepseekV41ForCausalLM(DeepseekV41Model):
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        with_drafter: bool | None = None, **overrides) -> "DeepseekV41ForCausalLM":
+                        with_drafter: bool | None = None, tensor_parallel=None,
+                        **overrides) -> "DeepseekV41ForCausalLM":
         """Load a checkpoint directory. ``with_drafter``: True builds and loads ``mtp.*`` (every draft tensor
-        must be there), False skips them, None (default) builds the drafter iff the checkpoint holds all of it."""
+        must be there), False skips them, None (default) builds the drafter iff the checkpoint holds all of it.
+        ``tensor_parallel`` (sharding.TensorParallel): build and read only that rank's shard."""
         from .loader import load_model
 
-        return load_model(cls, path, dtype=dtype, device=device, with_drafter=with_drafter, **overrides)
+        return load_model(cls, path, dtype=dtype, device=device, with_drafter=with_drafter,
+                          tensor_parallel=tensor_parallel, **overrides)
