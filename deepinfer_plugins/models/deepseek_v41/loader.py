@@ -1,8 +1,8 @@
 """Load an official-format V4.1 checkpoint: nested config.json + sharded safetensors with the release's names.
 
 Module names mirror the official tensor names (docs/model.md#checkpoint-names-and-formats), so the name table is the
-identity for the text model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image
-embeddings are skipped (the vision tower is not implemented). ``load_weights`` is the one loader: ``load_model``
+identity; the drafter (``mtp.*``) loads when the model builds one, and the vision tower, aligner and image
+delimiters when the checkpoint holds any of them (a checkpoint with none loads as a text-only model). ``load_weights`` is the one loader: ``load_model``
 feeds it the shards, and the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the
 same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Every
 problem raises ``CheckpointError`` naming the tensor and the shard, and ``load_model`` returns no half-loaded model:
@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-SKIPPED_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline", "image_pad")
+VISION_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+UNUSED_TENSORS = ("image_pad",)  # in the release, but no part of the V4.1 model (docs/model.md#vision)
 
 
 class CheckpointError(RuntimeError):
@@ -77,9 +78,10 @@ def check_tensor(name: str, file: str, tensor_shape, tensor_dtype, expected: tor
 
 
 def skipped(name: str, model: torch.nn.Module) -> bool:
-    """Checkpoint tensors no engine loads: the vision tower and image embeddings (not implemented yet), and the
-    drafter's ``mtp.*`` when the model was built without it."""
-    return name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and getattr(model, "drafter", None) is None)
+    """Checkpoint tensors no engine loads: ``image_pad``, and the vision tensors or the drafter's ``mtp.*`` when
+    the model was built without them."""
+    return (name in UNUSED_TENSORS or (name.startswith(VISION_PREFIXES) and not getattr(model, "has_vision", False))
+            or (name.startswith("mtp.") and getattr(model, "drafter", None) is None))
 
 
 def new_model(cls, args: ModelArgs, dtype: torch.dtype, with_drafter: bool = False):
@@ -141,7 +143,7 @@ def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
         _store(model, name, targets[name], tensor)
         loaded.add(name)
     if passed_over:
-        logger.info("checkpoint: skipped %d vision / image / unbuilt drafter tensors", passed_over)
+        logger.info("checkpoint: skipped %d unused or unbuilt (vision, drafter) tensors", passed_over)
     check_names(targets, loaded, where, source)
     return loaded
 
@@ -207,6 +209,8 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint directory")
+    if not any(name.startswith(VISION_PREFIXES) for name in shard_map(path)):
+        overrides.setdefault("vision_config", None)  # a text-only checkpoint: build no tower
     try:
         args = ModelArgs.from_file(path, **overrides)
     except ConfigError as exc:
