@@ -12,6 +12,7 @@ returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -209,12 +210,12 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a checkpoint directory")
-    if not any(name.startswith(VISION_PREFIXES) for name in shard_map(path)):
-        overrides.setdefault("vision_config", None)  # a text-only checkpoint: build no tower
     try:
         args = ModelArgs.from_file(path, **overrides)
     except ConfigError as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
+    if args.vision is not None and not any(name.startswith(VISION_PREFIXES) for name in shard_map(path)):
+        args = dataclasses.replace(args, vision_config=None)  # a text-only checkpoint: build no tower
     if with_drafter is None:
         with_drafter = checkpoint_has_drafter(path, args)
     if with_drafter and args.num_nextn_predict_layers < 1:

@@ -149,12 +149,6 @@ def llm_grid(n_h: int, n_w: int, downsample_ratio: int) -> tuple[int, int]:
     return -(-n_h // downsample_ratio), -(-n_w // downsample_ratio)
 
 
-def span_length(n_h: int, n_w: int, downsample_ratio: int) -> int:
-    """Positions one image of a ``n_h`` x ``n_w`` patch grid occupies in the token sequence."""
-    rows, cols = llm_grid(n_h, n_w, downsample_ratio)
-    return rows * (cols + 1) + 2
-
-
 def image_span(embeddings: torch.Tensor, rows: int, cols: int, start: torch.Tensor, newline: torch.Tensor,
                end: torch.Tensor) -> torch.Tensor:
     """embeddings [rows * cols, d] -> the span [rows * (cols + 1) + 2, d]: start, each row then a newline, end."""
