@@ -78,15 +78,13 @@ class DeepseekV41Model(nn.Module):
     def input_embeddings(self, token_ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """token_ids [rows] -> input embeddings [rows, d] in the activation dtype. ``image_embeds`` [n, d] are the
         span rows (``embed_image``) of the n image positions among ``token_ids``, in order: a chunk that starts or
-        ends inside a span passes just the rows it covers."""
+        ends inside a span passes just the rows it covers. Without them the ids are embedded as they are (the
+        forward's ``check_tokens`` refuses image ids without embeddings)."""
         x = self.embed(token_ids).to(self.dtype)
+        if image_embeds is None:
+            return x
         image = self.image_rows(token_ids)
         n_image = int(image.sum())
-        if image_embeds is None:
-            if n_image:
-                raise ImageInputError(f"input holds {n_image} image positions (token id {self.args.image_token_id}) "
-                                      "but no image embeddings: pass the rows of embed_image for them")
-            return x
         if image_embeds.dim() != 2 or image_embeds.shape != (n_image, x.shape[1]):
             raise ImageInputError(f"image_embeds must be [{n_image}, {x.shape[1]}] (one row per image position), "
                                   f"got {tuple(image_embeds.shape)}")
@@ -105,7 +103,7 @@ class DeepseekV41Model(nn.Module):
         return [num_rows if layer < self.args.last_kv_source else min(num_rows, 1 + (n - 1 - layer) * (w - 1))
                 for layer in range(n)]
 
-    def check_tokens(self, token_ids: torch.Tensor) -> None:
+    def check_tokens(self, token_ids: torch.Tensor, with_image_embeds: bool = False) -> None:
         if token_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input_ids must be an integer tensor, got {token_ids.dtype}")
         if not token_ids.numel():
@@ -118,6 +116,9 @@ class DeepseekV41Model(nn.Module):
         if image and not self.has_vision:
             raise ImageInputError(f"input contains image token id {self.args.image_token_id}, but this checkpoint "
                                   "has no vision tower (no vision.* tensors): it serves text only")
+        if image and not with_image_embeds:
+            raise ImageInputError(f"input holds image positions (token id {self.args.image_token_id}) but no image "
+                                  "embeddings: pass the rows of embed_image for them")
 
     def forward_chunks(self, token_ids: torch.Tensor, chunks: list[SequenceChunk],
                        bounded_replay: bool = False, capture_layers: tuple[int, ...] = (),
@@ -164,7 +165,7 @@ class DeepseekV41Model(nn.Module):
         drafter receives the target's features without a second forward. ``image_embeds``: the span rows of the
         image positions among ``token_ids``, in order (``input_embeddings``).
         """
-        self.check_tokens(token_ids)
+        self.check_tokens(token_ids, image_embeds is not None)
         inputs = self.input_embeddings(token_ids, image_embeds)
         image_rows = None if image_embeds is None else self.image_rows(token_ids)
         engram_ids = None
