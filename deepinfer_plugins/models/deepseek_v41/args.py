@@ -1,9 +1,10 @@
 """ModelArgs: the checkpoint's nested HF ``config.json`` as one plain, validated object.
 
 The released config is nested (top level + ``text_config`` + ``vision_config``); every text field lives in
-``ModelArgs`` under its HF name, the vision fields in ``VisionArgs`` (``ModelArgs.vision``). Derived facts (layer roles, RoPE ranges, Engram primes) are computed once in
-``__post_init__`` so the modules never re-derive them. An inconsistent config raises ``ConfigError`` naming the
-key, because a wrong layer table silently produces a different model.
+``ModelArgs`` under its HF name, the vision fields in ``VisionArgs`` (``ModelArgs.vision``). Derived facts (layer
+roles, RoPE ranges, Engram primes) are computed once in ``__post_init__`` so the modules never re-derive them. An
+inconsistent config raises ``ConfigError`` naming the key, because a wrong layer table silently produces a different
+model.
 """
 
 from __future__ import annotations

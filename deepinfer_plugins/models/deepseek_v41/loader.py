@@ -1,8 +1,8 @@
 """Load an official-format V4.1 checkpoint: nested config.json + sharded safetensors with the release's names.
 
 Module names mirror the official tensor names (docs/model.md#checkpoint-names-and-formats), so the name table is the
-identity; the drafter (``mtp.*``) loads when the model builds one, and the vision tower, aligner and image
-delimiters when the checkpoint holds any of them (a checkpoint with none loads as a text-only model). ``load_weights`` is the one loader: ``load_model``
+identity; the drafter (``mtp.*``) loads when the model builds one, and the vision tower, aligner and delimiters
+when the checkpoint holds any of them (else the model is text-only). ``load_weights`` is the one loader: ``load_model``
 feeds it the shards, and the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the
 same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Every
 problem raises ``CheckpointError`` naming the tensor and the shard, and ``load_model`` returns no half-loaded model:

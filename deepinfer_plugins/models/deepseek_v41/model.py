@@ -1,11 +1,13 @@
-"""DeepSeek-V4.1-Flash model: embedding (image spans from the vision tower in place), 4-stream single-pass mHC blocks, final collapse, fp32 head.
+"""DeepSeek-V4.1-Flash model: embedding (with image spans), 4-stream single-pass mHC blocks, collapse, fp32 head.
 
 Read top to bottom it is docs/model.md#forward: every block collapses the residual streams with the pre-mix computed
 one site earlier, runs its sublayer, and mixes the result back into the streams. Module and parameter names mirror
 the official checkpoint, so ``load_state_dict(strict=True)`` takes it as is.
 
-Images enter as span embeddings (``embed_image``) at positions that carry ``image_token_id``; those positions route
-with ``bias_vl`` and are dead to Engram (docs/model.md#vision). The forward runs a flattened batch of chunks (one per sequence, each with its own ``SequenceState``): per-token
+Images enter as span embeddings (``embed_image``) at positions that carry ``image_token_id``; those positions
+route with ``bias_vl`` and are dead to Engram (docs/model.md#vision).
+
+The forward runs a flattened batch of chunks (one per sequence, each with its own ``SequenceState``): per-token
 work (projections, MoE, mHC) sees every row at once, per-sequence work (windows, compressed KV, indexer) loops.
 """
 
