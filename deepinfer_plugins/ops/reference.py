@@ -225,6 +225,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Full (unmasked) attention of every row over every row, the ViT's over one image's patches.
 
-    q, k, v [P, H, D] -> [P, H, D] in q's dtype, softmax scale 1/sqrt(D), softmax in fp32."""
-    logits = torch.einsum("phd,qhd->hpq", q.float(), k.float()) * q.shape[-1] ** -0.5
-    return torch.einsum("hpq,qhd->phd", logits.softmax(dim=-1), v.float()).to(q.dtype)
+    q, k, v [P, H, D] -> [P, H, D] in q's dtype, softmax scale 1/sqrt(D), in fp32. Through SDPA so that the
+    [H, P, P] scores of a large image (P ~ 9000 patches) are never held at once."""
+    heads_first = (t.float().transpose(0, 1) for t in (q, k, v))  # [H, P, D]
+    return F.scaled_dot_product_attention(*heads_first).transpose(0, 1).to(q.dtype)
