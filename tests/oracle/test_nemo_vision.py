@@ -99,6 +99,7 @@ def image_prompt_inputs(model, pieces, tmp_path, seed):
     return torch.tensor(ids), torch.cat(spans), tmp_path / "images.npz"
 
 
+# The second image starts at position 27, so the ratio-2 compression group (26, 27) holds a text and an image token.
 PROMPTS = {"one image": [12, (150, 100), 20], "two images": [10, (97, 130), 6, (200, 60), 9]}
 
 
