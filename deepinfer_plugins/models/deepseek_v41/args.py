@@ -40,7 +40,7 @@ class VisionArgs:
     min_pixels: int = 295936
     max_wh_ratio: float | None = None
     rms_norm_eps: float = 1e-6
-    model_type: str = "deepseek_v41_vision"
+    """Not in the released config: the tower's norms use 1e-6 (docs/model.md#vision), unlike the LM's 1e-20."""
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
