@@ -16,7 +16,9 @@ from .quant import (
     quantize_fp8_weight,
 )
 from .reference import (
+    bidirectional_attention,
     candidate_mask,
+    dense_linear,
     engram_hash,
     hc_coefficients,
     hc_collapse,
@@ -33,7 +35,7 @@ from .reference import (
 from .registry import OpBackendError, hookimpl, registry
 
 __all__ = [
-    "OpBackendError", "candidate_mask", "dequant_fp4_weight", "dequant_fp8_rows", "dequant_fp8_weight",
+    "OpBackendError", "bidirectional_attention", "candidate_mask", "dense_linear", "dequant_fp4_weight", "dequant_fp8_rows", "dequant_fp8_weight",
     "engram_hash", "fp8_block_quant", "fp8_fake_quant", "hc_coefficients", "hc_collapse", "hc_expand", "hookimpl",
     "indexer_scores", "mxfp4_fake_quant", "nvfp4_fake_quant", "quantize_fp4_weight", "quantize_fp8_rows",
     "quantize_fp8_weight", "registry", "rms_norm", "rope", "sinkhorn", "sparse_attention", "sqrtsoftplus_route",

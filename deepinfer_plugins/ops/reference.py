@@ -212,3 +212,20 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.T
         g = g.clamp(max=limit)
         u = u.clamp(-limit, limit)
     return (F.silu(g) * u).to(gate.dtype)
+
+
+@registry.reference("dense_linear")
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ W^T + b for a float W [out, in] (stored bf16, the vision tower's) in x's dtype -> [..., out].
+    The vision tower's GEMMs: its weights are not quantised, so they need none of the block-scaled ops."""
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+@registry.reference("bidirectional_attention")
+def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Full (unmasked) attention of every row over every row, the ViT's over one image's patches.
+
+    q, k, v [P, H, D] -> [P, H, D] in q's dtype, softmax scale 1/sqrt(D), in fp32. Through SDPA so that the
+    [H, P, P] scores of a large image (P ~ 9000 patches) are never held at once."""
+    heads_first = (t.float().transpose(0, 1) for t in (q, k, v))  # [H, P, D]
+    return F.scaled_dot_product_attention(*heads_first).transpose(0, 1).to(q.dtype)

@@ -72,3 +72,17 @@ def test_flat_config_is_rejected():
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="unknown preset"):
         ModelArgs.preset("huge")
+
+
+def test_vision_config_is_parsed_and_checked():
+    vision = ModelArgs.preset("full").vision
+    assert (vision.num_hidden_layers, vision.head_dim, vision.patch_dim, vision.min_pixels) == (32, 64, 588, 544 ** 2)
+    config = preset_config("tiny")
+    config["vision_config"]["num_hidden_layers"] = 0
+    assert ModelArgs.from_hf_config(config).vision is None  # a text-only config builds no tower
+    for change, key in (({"num_attention_heads": 5}, "num_attention_heads"), ({"hidden_size": 24}, "head_dim"),
+                        ({"max_image_tokens": 3}, "max_image_tokens")):
+        config = preset_config("tiny")
+        config["vision_config"].update(change)
+        with pytest.raises(ConfigError, match=f"vision_config: .*{key}"):
+            ModelArgs.from_hf_config(config)

@@ -137,3 +137,31 @@ def test_not_a_checkpoint(tmp_path):
     tmp_path.joinpath("config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="text_config"):
         DeepseekV41ForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["vision.blocks.1.attn.wqkv.weight", "aligner.w1.bias", "image_newline"])
+def test_missing_or_misshapen_vision_tensor_is_named(ckpt, name):
+    file = rewrite(ckpt, name, lambda t: {**t, name: torch.zeros(3, dtype=torch.bfloat16)})
+    with pytest.raises(CheckpointError, match=rf"'{name}' in {file}: shape \(3,\)"):
+        DeepseekV41ForCausalLM.from_pretrained(ckpt)
+    rewrite(ckpt, name, lambda t: {n: v for n, v in t.items() if n != name})
+    with pytest.raises(CheckpointError, match=f"missing tensor '{name}'"):
+        DeepseekV41ForCausalLM.from_pretrained(ckpt)
+
+
+def test_text_only_checkpoint_serves_text_and_refuses_images(tiny256, tmp_path):
+    """The writer draws the vision tensors last, so the text-only checkpoint holds the same text weights: its
+    text logits must equal the multimodal model's."""
+    from deepinfer_plugins.models.deepseek_v41 import ImageInputError
+    from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
+
+    path = write_random_checkpoint(tmp_path / "text_only", "tiny-vocab256", seed=0, text_only=True)
+    assert not any(n.startswith(("vision.", "aligner.", "image_")) for n in index(path)["weight_map"])
+    model = DeepseekV41ForCausalLM.from_pretrained(path)
+    assert not model.has_vision and tiny256.has_vision
+    ids = torch.arange(3, 40)
+    torch.testing.assert_close(model(ids), tiny256(ids), atol=0, rtol=0)
+    with pytest.raises(ImageInputError, match="no vision tower"):
+        model(torch.tensor([3, 255, 4]))
+    with pytest.raises(ImageInputError, match="no vision tower"):
+        model.embed_image(torch.zeros(9, 3, 14, 14), 3, 3)

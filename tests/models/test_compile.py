@@ -66,3 +66,38 @@ def test_body_compiles_without_graph_breaks_and_matches_eager(tiny256):
         compiled_cache.advance(rows)
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+
+
+def test_body_with_image_embeddings_compiles_and_matches_eager(tiny256):
+    """Engines embed a step's images before the graph (``input_embeddings``) and pass the embeddings in: span
+    positions then route with bias_vl and skip Engram inside the compiled body, as in ``hidden_states``; one step
+    ends inside the span."""
+    model = tiny256
+    span = model.embed_image(torch.randn(7 * 8, 3, 14, 14, generator=torch.Generator().manual_seed(0)), 7, 8)
+    ids = torch.cat((prompt(8, 6), torch.full((span.shape[0],), model.args.image_token_id), prompt(6, 7)))
+    torch._dynamo.reset()
+    counters.clear()
+
+    def body(token_ids, engram_ids, inputs_embeds):
+        return model.opaque_cache_hidden_states(token_ids, engram_ids,
+                                                lambda layer_id, x: torch.ops.deepinfer_test.attend(x, layer_id),
+                                                inputs_embeds)
+
+    compiled = torch.compile(body, backend="eager", fullgraph=True, dynamic=True)
+    eager_cache, compiled_cache = model.new_cache(), model.new_cache()
+    for start, stop in [(0, 14), (14, 26), (26, 27), (27, ids.numel())]:
+        rows = ids[start:stop]
+        before = int((ids[:start] == model.args.image_token_id).sum())
+        image_rows = span[before: before + int((rows == model.args.image_token_id).sum())]
+        expected = model.hidden_states(rows, [SequenceChunk(0, stop - start, start, eager_cache)],
+                                       image_embeds=image_rows)
+        eager_cache.advance(rows)
+        chunks = [SequenceChunk(0, stop - start, start, compiled_cache)]
+        engram_ids = model.hasher(rows, store_of(chunks, model.args.sliding_window).ngram_histories(chunks),
+                                  [stop - start])
+        _step.update(model=model, chunks=chunks)
+        with torch.no_grad():
+            actual = compiled(rows, engram_ids, model.input_embeddings(rows, image_rows))
+        compiled_cache.advance(rows)
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

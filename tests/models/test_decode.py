@@ -99,8 +99,8 @@ def test_input_shapes(tiny256):
         tiny256(ids.float())
 
 
-def test_image_tokens_are_rejected_with_a_clear_error(tiny256):
-    with pytest.raises(ImageInputError, match="vision tower"):
+def test_image_tokens_without_their_embeddings_are_rejected_with_a_clear_error(tiny256):
+    with pytest.raises(ImageInputError, match="no image embeddings"):
         tiny256(torch.tensor([3, 4, 255, 5]))
 
 

@@ -150,3 +150,24 @@ def test_rope_inverse_undoes_rotation_and_leaves_nope_dims():
     # interleaved pairs: channel 8 and 9 rotate together by pos * freq[0]
     angle = 3 * freq[0]
     assert torch.allclose(y[3, 0, 8], x[3, 0, 8] * angle.cos() - x[3, 0, 9] * angle.sin(), atol=1e-6)
+
+
+def test_bidirectional_attention_with_two_patches_by_hand():
+    """Two rows, one head: each row's output is the softmax(q.k / sqrt(D))-weighted mix of both values, so the
+    first row sees the second (no causal mask)."""
+    q = torch.tensor([[[1.0, 0.0]], [[0.0, 2.0]]])  # [P=2, H=1, D=2]
+    k = torch.tensor([[[2.0, 0.0]], [[0.0, 1.0]]])
+    v = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
+    out = ops.bidirectional_attention(q, k, v)
+    for row, logits in enumerate(([2.0, 0.0], [0.0, 2.0])):
+        weights = torch.tensor(logits).div(2 ** 0.5).softmax(0)
+        torch.testing.assert_close(out[row, 0], weights)
+    assert ops.bidirectional_attention(q.bfloat16(), k.bfloat16(), v.bfloat16()).dtype == torch.bfloat16
+
+
+def test_dense_linear_runs_a_bf16_weight_in_the_activation_dtype():
+    x = torch.tensor([[1.0, 2.0]])
+    weight = torch.tensor([[1.0, -1.0], [0.5, 0.25]], dtype=torch.bfloat16)
+    bias = torch.tensor([0.5, 0.0], dtype=torch.bfloat16)
+    out = ops.dense_linear(x, weight, bias)
+    assert out.dtype == torch.float32 and out.tolist() == [[-0.5, 1.0]]

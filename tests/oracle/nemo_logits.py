@@ -5,6 +5,7 @@ Run ONLY with the isolated oracle interpreter (see setup_oracle_venv.sh):
 
     .venv-oracle/bin/python tests/oracle/nemo_logits.py \
         --checkpoint DIR --ids IDS_JSON --out OUT.npy [--dtype float32] [--token-map-out MAP.npy]
+        [--images IMAGES.npz [--tower-out EMBEDDINGS.npz]]
 
 * ``DIR`` is an official-format checkpoint directory: nested HF ``config.json``
   (``text_config`` / ``vision_config``), ``model.safetensors.index.json`` plus shards
@@ -17,6 +18,10 @@ Run ONLY with the isolated oracle interpreter (see setup_oracle_venv.sh):
 * Engram's compressed token map is the identity when the config's ``engram_compressed_vocab_size`` equals its
   ``vocab_size``, and otherwise NeMo's own map from ``tokenizer.json`` in the checkpoint (or ``--tokenizer``);
   ``MAP.npy`` receives the int64 map the forward uses, one entry per token id.
+* ``IMAGES.npz`` (implies ``--with-vision``) holds NeMo's processor tensors for the sequence: ``pixel_values``
+  [all_patches, 3, p, p], ``image_grid_hws`` [images, 2] and ``vision_token_types`` [T] (-1 text, 0 start,
+  1 embedding, 2 newline, 3 end), which NeMo checks form complete spans of its layout. ``EMBEDDINGS.npz`` then
+  receives, per image ``image{i}``, the tower and aligner's output alone [cells, hidden], cells row-major.
 
 The NeMo model is used purely as an external oracle; nothing from it is imported by the
 deepinfer package. Execution is eager on CPU: attention backend "eager" (plain einsum +
@@ -142,6 +147,8 @@ def run(args: argparse.Namespace) -> None:
     text.pop("torch_dtype", None)
     raw.pop("torch_dtype", None)
     raw["dtype"] = args.dtype
+    if args.images:
+        args.with_vision = True
     if not args.with_vision:
         vision["num_hidden_layers"] = 0  # text-only oracle: the vision tower is never run
     raw.pop("model_type", None)
@@ -268,8 +275,20 @@ def run(args: argparse.Namespace) -> None:
     _log(f"converted + loaded weights in {time.perf_counter() - t0:.2f}s")
 
     input_ids = torch.tensor([ids], dtype=torch.long)
+    image_inputs = {}
+    if args.images:
+        images = np.load(args.images)
+        image_inputs = {
+            "pixel_values": torch.from_numpy(images["pixel_values"]).to(dtype),
+            "image_grid_hws": torch.from_numpy(images["image_grid_hws"]).long(),
+            "vision_token_types": torch.from_numpy(images["vision_token_types"]).long()[None],
+        }
+        if image_inputs["vision_token_types"].shape != input_ids.shape:
+            raise OracleError("vision_token_types must have one entry per token id")
+        if args.tower_out:
+            _save_image_embeddings(model.model, image_inputs, args.tower_out)
     t0 = time.perf_counter()
-    output = model(input_ids, output_hidden_states=bool(args.hidden_out))
+    output = model(input_ids, output_hidden_states=bool(args.hidden_out), **image_inputs)
     forward_s = time.perf_counter() - t0
     if args.hidden_out:
         # the 4 residual streams entering each block (before that block's Engram, if any)
@@ -289,6 +308,20 @@ def run(args: argparse.Namespace) -> None:
         f"forward T={len(ids)} dtype={args.dtype} in {forward_s:.2f}s -> {out} {logits.shape} "
         f"(argmax[-1]={int(logits[-1].argmax())}, |logits| max {float(np.abs(logits).max()):.4g})"
     )
+
+
+def _save_image_embeddings(backbone, image_inputs: dict, out: str) -> None:
+    """Each image through NeMo's tower and aligner alone -> its LM embeddings [cells, hidden], cells row-major."""
+    import numpy as np
+
+    embeddings, start = {}, 0
+    for i, (n_h, n_w) in enumerate(image_inputs["image_grid_hws"].tolist()):
+        patches = image_inputs["pixel_values"][start: start + n_h * n_w]
+        start += n_h * n_w
+        cells = backbone.aligner(backbone.vision(patches, n_h, n_w), n_h, n_w)
+        embeddings[f"image{i}"] = cells.float().numpy()
+    np.savez(out, **embeddings)
+    _log(f"saved the tower + aligner embeddings of {len(embeddings)} images to {out}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -314,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         "--hidden-out", default=None, help="optional .npz with the 4-stream residual entering every block"
     )
     parser.add_argument("--with-vision", action="store_true", help="also build/load vision tower tensors")
+    parser.add_argument("--images", default=None, help="optional .npz of image inputs for the sequence (see above)")
+    parser.add_argument("--tower-out", default=None, help="optional .npz: each image's tower + aligner output")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument("--traceback", action="store_true", help="print a full traceback on failure")
     args = parser.parse_args(argv)

@@ -1,9 +1,10 @@
 """ModelArgs: the checkpoint's nested HF ``config.json`` as one plain, validated object.
 
 The released config is nested (top level + ``text_config`` + ``vision_config``); every text field lives in
-``ModelArgs`` under its HF name. Derived facts (layer roles, RoPE ranges, Engram primes) are computed once in
-``__post_init__`` so the modules never re-derive them. An inconsistent config raises ``ConfigError`` naming the
-key, because a wrong layer table silently produces a different model.
+``ModelArgs`` under its HF name, the vision fields in ``VisionArgs`` (``ModelArgs.vision``). Derived facts (layer
+roles, RoPE ranges, Engram primes) are computed once in ``__post_init__`` so the modules never re-derive them. An
+inconsistent config raises ``ConfigError`` naming the key, because a wrong layer table silently produces a different
+model.
 """
 
 from __future__ import annotations
@@ -22,6 +23,58 @@ INT64_MAX = np.iinfo(np.int64).max
 
 class ConfigError(ValueError):
     """The config is missing a key, or its values contradict each other."""
+
+
+@dataclass
+class VisionArgs:
+    """``vision_config``: the ViT, its 3x3 aligner and the image preprocessing budget (docs/model.md#vision)."""
+
+    num_hidden_layers: int = 32
+    hidden_size: int = 1024
+    num_attention_heads: int = 16
+    intermediate_size: int = 2816
+    patch_size: int = 14
+    rope_theta: float = 10000.0
+    downsample_ratio: int = 3
+    max_image_tokens: int = 1024
+    min_pixels: int = 295936
+    max_wh_ratio: float | None = None
+    rms_norm_eps: float = 1e-6
+    """Not in the released config: the tower's norms use 1e-6 (docs/model.md#vision), unlike the LM's 1e-20."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"vision_config: hidden_size={self.hidden_size} is not divisible by "
+                              f"num_attention_heads={self.num_attention_heads}")
+        if self.head_dim % 4:
+            raise ConfigError(f"vision_config: head_dim={self.head_dim} must be a multiple of 4 for the 2-D RoPE "
+                              "(half the head rotates, split between rows and columns)")
+        if self.max_image_tokens < 4:
+            raise ConfigError(f"vision_config: max_image_tokens={self.max_image_tokens} cannot hold one image "
+                              "(start, one embedding, newline, end)")
+        if self.patch_size < 1 or self.downsample_ratio < 1:
+            raise ConfigError(f"vision_config: patch_size={self.patch_size} and downsample_ratio="
+                              f"{self.downsample_ratio} must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """RGB values of one patch."""
+        return 3 * self.patch_size ** 2
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any] | None) -> "VisionArgs | None":
+        """The vision tower the config describes, or None for a text-only config (absent or zero layers)."""
+        if not config or not config.get("num_hidden_layers"):
+            return None
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in config.items() if k in known})
+        except TypeError as exc:
+            raise ConfigError(f"vision_config: {exc}") from None
 
 
 @dataclass
@@ -89,6 +142,8 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     dtype: str = "bfloat16"
     quantization_config: dict | None = None
+    vision_config: dict | None = None
+    """The nested ``vision_config``; ``vision`` holds it parsed, None when the model is text-only."""
     # Switches for facts the public sources leave uncertain
     # (docs/architecture.md#switches-for-what-public-sources-leave-uncertain).
     q_head_norm: bool = False
@@ -102,6 +157,7 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         self.validate()
+        self.vision = VisionArgs.from_config(self.vision_config)
         n = self.num_hidden_layers
         self.layer_ratios = list(self.compress_ratios[:n])
         self.last_kv_source = max(self.kv_source_layer_ids) if self.kv_source_layer_ids else -1

@@ -46,26 +46,30 @@ class Block(nn.Module):
             streams, getattr(self, f"hc_{site}_fn"), getattr(self, f"hc_{site}_base"),
             getattr(self, f"hc_{site}_scale"), self.args.hc_sinkhorn_iters, self.args.hc_eps, self.args.rms_norm_eps)
 
-    def forward(self, streams, pre_mix, engram_ids, chunks: list[SequenceChunk], query_rows: torch.Tensor | slice):
+    def forward(self, streams, pre_mix, engram_ids, chunks: list[SequenceChunk], query_rows: torch.Tensor | slice,
+                image_rows: torch.Tensor | None = None):
         """streams [rows, S, d], pre_mix [rows, S] -> (streams, pre_mix) of the query rows.
 
         ``query_rows`` indexes the rows whose outputs the next layer needs (all rows unless bounded replay);
-        the other rows only provide this layer's window keys and compressor inputs.
+        the other rows only provide this layer's window keys and compressor inputs. ``image_rows`` [rows] bool
+        marks image-span positions (None: there are none).
         """
-        return self.mix(streams, pre_mix, engram_ids, lambda attn_in: self.attn(attn_in, chunks), query_rows)
+        return self.mix(streams, pre_mix, engram_ids, lambda attn_in: self.attn(attn_in, chunks), query_rows,
+                        image_rows)
 
     def mix(self, streams, pre_mix, engram_ids, attend: Callable[[torch.Tensor], torch.Tensor],
-            query_rows: torch.Tensor | slice):
+            query_rows: torch.Tensor | slice, image_rows: torch.Tensor | None = None):
         """``forward`` with the attention given as ``attend`` (normed input of every row -> output of the query
         rows): an engine that compiles the model passes an opaque op there that does every cache read and write,
         so the rest of the block (mHC, norms, MoE) holds no per-sequence Python and traces into one graph."""
         if hasattr(self, "engram"):
-            streams = self.engram(streams, engram_ids[:, self.engram.table])
+            streams = self.engram(streams, engram_ids[:, self.engram.table], image_rows)
         attn_in = self.attn_norm.of_streams(streams, pre_mix)
         streams = streams[query_rows]
         pre_attn, post_attn, comb_attn = self.coefficients("attn", streams)
         streams = ops.hc_expand(streams, self.sublayer_output(attend(attn_in)), post_attn, comb_attn)
         pre_ffn, post_ffn, comb_ffn = self.coefficients("ffn", streams)
         ffn_in = self.ffn_norm.of_streams(streams, pre_attn)
-        streams = ops.hc_expand(streams, self.sublayer_output(self.ffn(ffn_in)), post_ffn, comb_ffn)
+        ffn_out = self.ffn(ffn_in, None if image_rows is None else image_rows[query_rows])
+        streams = ops.hc_expand(streams, self.sublayer_output(ffn_out), post_ffn, comb_ffn)
         return streams, pre_ffn

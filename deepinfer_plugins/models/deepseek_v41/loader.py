@@ -1,8 +1,8 @@
 """Load an official-format V4.1 checkpoint: nested config.json + sharded safetensors with the release's names.
 
 Module names mirror the official tensor names (docs/model.md#checkpoint-names-and-formats), so the name table is the
-identity for the text model; the drafter (``mtp.*``) loads when the model builds one, and the vision tower / image
-embeddings are skipped (the vision tower is not implemented). ``load_weights`` is the one loader: ``load_model``
+identity; the drafter (``mtp.*``) loads when the model builds one, and the vision tower, aligner and delimiters
+when the checkpoint holds any of them (else the model is text-only). ``load_weights`` is the one loader: ``load_model``
 feeds it the shards, and the vLLM and SGLang adapters feed it their engine's weight iterator, so the three give the
 same parameters. Quantised tensors are taken as stored (see linear.py), float tensors in their stored dtype. Given
 a tensor-parallel ``ShardPlan`` (sharding.py), it reads only the rank's part of each split tensor: from the shards
@@ -14,6 +14,7 @@ returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -30,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-SKIPPED_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline", "image_pad")
+VISION_PREFIXES = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+UNUSED_TENSORS = ("image_pad",)  # in the release, but no part of the V4.1 model (docs/model.md#vision)
 
 
 class CheckpointError(RuntimeError):
@@ -105,9 +107,10 @@ def check_tensor(name: str, file: str, tensor_shape, tensor_dtype, expected: tor
 
 
 def skipped(name: str, model: torch.nn.Module) -> bool:
-    """Checkpoint tensors no engine loads: the vision tower and image embeddings (not implemented yet), and the
-    drafter's ``mtp.*`` when the model was built without it."""
-    return name.startswith(SKIPPED_PREFIXES) or (name.startswith("mtp.") and getattr(model, "drafter", None) is None)
+    """Checkpoint tensors no engine loads: ``image_pad``, and the vision tensors or the drafter's ``mtp.*`` when
+    the model was built without them."""
+    return (name in UNUSED_TENSORS or (name.startswith(VISION_PREFIXES) and not getattr(model, "has_vision", False))
+            or (name.startswith("mtp.") and getattr(model, "drafter", None) is None))
 
 
 def new_model(cls, args: ModelArgs, dtype: torch.dtype, with_drafter: bool = False):
@@ -177,7 +180,7 @@ def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tens
         _store(model, name, targets[name], tensor)
         loaded.add(name)
     if passed_over:
-        logger.info("checkpoint: skipped %d vision / image / unbuilt drafter tensors", passed_over)
+        logger.info("checkpoint: skipped %d unused or unbuilt (vision, drafter) tensors", passed_over)
     check_names(targets, loaded, where, source)
     if plan is not None:
         finish_shards(model, plan)
@@ -256,6 +259,8 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
         args = ModelArgs.from_file(path, **overrides)
     except ConfigError as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
+    if args.vision is not None and not any(name.startswith(VISION_PREFIXES) for name in shard_map(path)):
+        args = dataclasses.replace(args, vision_config=None)  # a text-only checkpoint: build no tower
     if with_drafter is None:
         with_drafter = checkpoint_has_drafter(path, args)
     if with_drafter and args.num_nextn_predict_layers < 1:

@@ -1,8 +1,11 @@
-"""DeepSeek-V4.1-Flash text model: embedding, 4-stream single-pass mHC blocks, final collapse, fp32 head.
+"""DeepSeek-V4.1-Flash model: embedding (with image spans), 4-stream single-pass mHC blocks, collapse, fp32 head.
 
 Read top to bottom it is docs/model.md#forward: every block collapses the residual streams with the pre-mix computed
 one site earlier, runs its sublayer, and mixes the result back into the streams. Module and parameter names mirror
 the official checkpoint, so ``load_state_dict(strict=True)`` takes it as is.
+
+Images enter as span embeddings (``embed_image``) at positions that carry ``image_token_id``; those positions
+route with ``bias_vl`` and are dead to Engram (docs/model.md#vision).
 
 The forward runs a flattened batch of chunks (one per sequence, each with its own ``SequenceState``): per-token
 work (projections, MoE, mHC) sees every row at once, per-sequence work (windows, compressed KV, indexer) loops.
@@ -25,10 +28,11 @@ from .kv_cache import SequenceCache, SequenceChunk
 from .linear import Linear
 from .moe import RoutedExperts
 from .norm import RMSNorm
+from .vision import Aligner, VisionTransformer, check_patches, image_span, llm_grid
 
 
 class ImageInputError(ValueError):
-    """Image token ids reached the text model; the vision tower is not implemented yet."""
+    """Image token ids without their span embeddings, or images for a model built without a vision tower."""
 
 
 class DeepseekV41Model(nn.Module):
@@ -46,6 +50,47 @@ class DeepseekV41Model(nn.Module):
         self.head.weight = nn.Parameter(torch.empty(args.vocab_size, args.hidden_size, dtype=param_dtype),
                                         requires_grad=False)
         self.hasher = EngramHasher(args)
+        if args.vision is not None:
+            self.vision = VisionTransformer(args.vision, param_dtype)
+            self.aligner = Aligner(args.vision, args.hidden_size, param_dtype)
+            for name in ("image_start", "image_newline", "image_end"):
+                self.register_parameter(name, nn.Parameter(torch.empty(args.hidden_size, dtype=param_dtype),
+                                                           requires_grad=False))
+
+    @property
+    def has_vision(self) -> bool:
+        return "vision" in self._modules
+
+    def embed_image(self, patches: torch.Tensor, n_h: int, n_w: int) -> torch.Tensor:
+        """One preprocessed image (image_processing.py: patches [n_h * n_w, 3, p, p], row-major) -> its whole span
+        [rows * (cols + 1) + 2, d] in the activation dtype, delimiters and newlines included: the rows that
+        ``input_embeddings`` puts at the image's positions."""
+        if not self.has_vision:
+            raise ImageInputError("this checkpoint has no vision tower (no vision.* tensors): it serves text only")
+        check_patches(patches, n_h, n_w, self.args.vision)
+        features = self.vision(patches.to(self.dtype), n_h, n_w)
+        rows, cols = llm_grid(n_h, n_w, self.args.vision.downsample_ratio)
+        return image_span(self.aligner(features, n_h, n_w), rows, cols, self.image_start, self.image_newline,
+                          self.image_end)
+
+    def image_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[rows] bool: the positions inside image spans (every one carries ``image_token_id``)."""
+        return token_ids == self.args.image_token_id
+
+    def input_embeddings(self, token_ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """token_ids [rows] -> input embeddings [rows, d] in the activation dtype. ``image_embeds`` [n, d] are the
+        span rows (``embed_image``) of the n image positions among ``token_ids``, in order: a chunk that starts or
+        ends inside a span passes just the rows it covers. Without them the ids are embedded as they are (the
+        forward's ``check_tokens`` refuses image ids without embeddings)."""
+        x = self.embed(token_ids).to(self.dtype)
+        if image_embeds is None:
+            return x
+        image = self.image_rows(token_ids)
+        n_image = int(image.sum())
+        if image_embeds.dim() != 2 or image_embeds.shape != (n_image, x.shape[1]):
+            raise ImageInputError(f"image_embeds must be [{n_image}, {x.shape[1]}] (one row per image position), "
+                                  f"got {tuple(image_embeds.shape)}")
+        return x.masked_scatter(image[:, None], image_embeds.to(x.dtype))
 
     def new_cache(self) -> SequenceCache:
         return SequenceCache(self.args, self.embed.weight.device)
@@ -60,24 +105,29 @@ class DeepseekV41Model(nn.Module):
         return [num_rows if layer < self.args.last_kv_source else min(num_rows, 1 + (n - 1 - layer) * (w - 1))
                 for layer in range(n)]
 
-    def check_tokens(self, token_ids: torch.Tensor) -> None:
+    def check_tokens(self, token_ids: torch.Tensor, with_image_embeds: bool = False) -> None:
         if token_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"input_ids must be an integer tensor, got {token_ids.dtype}")
         if not token_ids.numel():
             return
-        # one read on the host for the three checks: on a GPU each read waits for the device
+        # one read on the host for the checks: on a GPU each read waits for the device
         low, high, image = torch.stack((token_ids.min(), token_ids.max(),
                                         (token_ids == self.args.image_token_id).any().to(token_ids.dtype))).tolist()
         if low < 0 or high >= self.args.vocab_size:
             raise ValueError(f"input_ids must lie in [0, {self.args.vocab_size}), got [{low}, {high}]")
-        if image:
-            raise ImageInputError(f"input contains image token id {self.args.image_token_id}: image inputs need the "
-                                  "vision tower, which DeepInfer does not implement yet")
+        if image and not self.has_vision:
+            raise ImageInputError(f"input contains image token id {self.args.image_token_id}, but this checkpoint "
+                                  "has no vision tower (no vision.* tensors): it serves text only")
+        if image and not with_image_embeds:
+            raise ImageInputError(f"input holds image positions (token id {self.args.image_token_id}) but no image "
+                                  "embeddings: pass the rows of embed_image for them")
 
     def forward_chunks(self, token_ids: torch.Tensor, chunks: list[SequenceChunk],
-                       bounded_replay: bool = False, capture_layers: tuple[int, ...] = ()) -> torch.Tensor:
+                       bounded_replay: bool = False, capture_layers: tuple[int, ...] = (),
+                       image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run new tokens of several sequences -> fp32 logits (see ``hidden_states``)."""
-        return self.compute_logits(self.hidden_states(token_ids, chunks, bounded_replay, capture_layers))
+        return self.compute_logits(self.hidden_states(token_ids, chunks, bounded_replay, capture_layers,
+                                                      image_embeds))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [rows, d] -> fp32 logits [rows, vocab] (the head runs in fp32)."""
@@ -106,23 +156,27 @@ class DeepseekV41Model(nn.Module):
         return self
 
     def hidden_states(self, token_ids: torch.Tensor, chunks: list[SequenceChunk],
-                      bounded_replay: bool = False, capture_layers: tuple[int, ...] = ()) -> torch.Tensor:
+                      bounded_replay: bool = False, capture_layers: tuple[int, ...] = (),
+                      image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run new tokens of several sequences -> final normed hidden states.
 
         token_ids [rows] is the concatenation of each chunk's tokens (chunk i at rows row_start..). Returns
         [rows, d] for every row, or, with ``bounded_replay``, for the last row of each chunk only. For each layer in
         ``capture_layers`` the residual streams entering it are left in ``chunk.published["streams_in"][layer]``
         ([rows of that chunk entering the layer, S, d]; the last rows of the chunk), which is how the DSpark
-        drafter receives the target's features without a second forward.
+        drafter receives the target's features without a second forward. ``image_embeds``: the span rows of the
+        image positions among ``token_ids``, in order (``input_embeddings``).
         """
-        self.check_tokens(token_ids)
+        self.check_tokens(token_ids, image_embeds is not None)
+        inputs = self.input_embeddings(token_ids, image_embeds)
+        image_rows = None if image_embeds is None else self.image_rows(token_ids)
         engram_ids = None
         if self.args.engram_layer_ids:
             histories = store_of(chunks, self.args.sliding_window).ngram_histories(chunks)
             engram_ids = self.hasher(torch.cat([token_ids[c.row_start: c.row_start + c.num_rows] for c in chunks]),
                                      histories, [c.num_rows for c in chunks])
         plans = [self.query_rows_per_layer(c.num_rows, bounded_replay) for c in chunks]
-        streams, pre_mix = self.embed_streams(token_ids)
+        streams, pre_mix = self.embed_streams(inputs)
         for layer_id, layer in enumerate(self.layers):
             for chunk, plan in zip(chunks, plans):
                 chunk.num_query_rows = plan[layer_id]
@@ -132,9 +186,11 @@ class DeepseekV41Model(nn.Module):
             if layer_id in capture_layers:
                 for c in chunks:
                     c.published.setdefault("streams_in", {})[layer_id] = streams[c.row_start: c.row_start + c.num_rows]
-            streams, pre_mix = layer(streams, pre_mix, engram_ids, chunks, query_rows)
+            streams, pre_mix = layer(streams, pre_mix, engram_ids, chunks, query_rows, image_rows)
             if engram_ids is not None:
                 engram_ids = engram_ids[query_rows]
+            if image_rows is not None:
+                image_rows = image_rows[query_rows]
             row = 0
             for chunk in chunks:
                 chunk.start_pos = chunk.first_query_pos
@@ -142,31 +198,38 @@ class DeepseekV41Model(nn.Module):
                 row += chunk.num_rows
         return self.norm.of_streams(streams, pre_mix)
 
-    def embed_streams(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """token_ids [rows] -> (residual streams [rows, S, d] all holding the embedding, pre-mix [rows, S])."""
-        x = self.embed(token_ids).to(self.dtype)
+    def embed_streams(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input embeddings [rows, d] -> (residual streams [rows, S, d] all holding them, pre-mix [rows, S])."""
         streams = x[:, None, :].expand(-1, self.args.hc_mult, -1).contiguous()  # [rows, S, d]
         pre_mix = torch.zeros(x.shape[0], self.args.hc_mult, dtype=torch.float32, device=x.device)
         pre_mix[:, 0] = 1.0  # all streams hold the embedding: collapse reads stream 0
         return streams, pre_mix
 
     def opaque_cache_hidden_states(self, token_ids: torch.Tensor, engram_ids: torch.Tensor | None,
-                                   attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                                   attend: Callable[[int, torch.Tensor], torch.Tensor],
+                                   inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """``hidden_states`` for engines that compile the model: every row is a query row of every layer (no
         bounded replay, no captured streams), the Engram row ids come precomputed, and ``attend(layer_id, x)``
         does a layer's attention with all of its cache work behind one opaque op. The body holds no chunk
-        list and no host read, so it traces into one graph between those ops; the math is ``Block.mix``."""
-        streams, pre_mix = self.embed_streams(token_ids)
+        list and no host read, so it traces into one graph between those ops; the math is ``Block.mix``.
+        ``inputs_embeds`` [rows, d]: ``input_embeddings`` of a step with images (computed before the graph, as
+        engines do for multimodal inputs); its image positions then route and gate as image tokens."""
+        if inputs_embeds is None:
+            inputs_embeds, image_rows = self.embed(token_ids).to(self.dtype), None
+        else:
+            image_rows = self.image_rows(token_ids)
+        streams, pre_mix = self.embed_streams(inputs_embeds)
         for layer_id, layer in enumerate(self.layers):
             streams, pre_mix = layer.mix(streams, pre_mix, engram_ids, functools.partial(attend, layer_id),
-                                         slice(None))
+                                         slice(None), image_rows)
         return self.norm.of_streams(streams, pre_mix)
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceCache | None = None,
-                bounded_replay: bool = False) -> torch.Tensor:
+                bounded_replay: bool = False, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """One sequence: input_ids [T] or [1, T] -> fp32 logits [T, vocab] ([1, vocab] with bounded replay).
 
         Without ``cache`` the tokens are a fresh sequence; with one they continue it and it is updated.
+        ``image_embeds``: span rows of the image positions among ``input_ids`` (see ``input_embeddings``).
         """
         if input_ids.dim() == 2:
             if input_ids.shape[0] != 1:
@@ -177,7 +240,7 @@ class DeepseekV41Model(nn.Module):
             raise ValueError(f"input_ids must be a non-empty [T] or [1, T] tensor, got shape {tuple(input_ids.shape)}")
         cache = cache if cache is not None else self.new_cache()
         chunk = SequenceChunk(0, input_ids.numel(), cache.num_tokens, cache)
-        logits = self.forward_chunks(input_ids, [chunk], bounded_replay)
+        logits = self.forward_chunks(input_ids, [chunk], bounded_replay, image_embeds=image_embeds)
         cache.advance(input_ids)
         return logits
 

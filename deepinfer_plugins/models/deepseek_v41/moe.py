@@ -36,9 +36,11 @@ class Gate(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_experts, dtype=torch.float32), requires_grad=False)
         self.bias_vl = nn.Parameter(torch.zeros(n_experts, dtype=torch.float32), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, image_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [n, d], image_rows [n] bool (image-span tokens select with ``bias_vl``) -> (weights, expert ids)."""
         logits = ops.linear_to_fp32(x, self.weight)
-        return ops.sqrtsoftplus_route(logits, self.bias, self.top_k, self.route_scale)
+        bias = self.bias if image_rows is None else torch.where(image_rows[:, None], self.bias_vl, self.bias)
+        return ops.sqrtsoftplus_route(logits, bias, self.top_k, self.route_scale)
 
 
 class RoutedExperts(nn.Module):
@@ -163,9 +165,10 @@ class MoE(nn.Module):
         self.shared_experts = Expert(args.hidden_size, args.moe_intermediate_size * args.n_shared_experts, "fp8",
                                      shared_limit)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, image_rows: torch.Tensor | None = None) -> torch.Tensor:
         """x [n, d] -> [n, d]: weighted routed experts (token choice) plus the shared expert. The routed experts
-        run as an opaque op (ops/opaque.py), so the layer compiles without a graph break."""
-        weights, ids = self.gate(x)
+        run as an opaque op (ops/opaque.py), so the layer compiles without a graph break. ``image_rows``: see
+        ``Gate``."""
+        weights, ids = self.gate(x, image_rows)
         routed = ops.routed_experts(x, weights, ids, self.experts.weights(x.dtype), self.experts.swiglu_limit)
         return (routed + self.shared_experts(x).float()).to(x.dtype)
