@@ -13,6 +13,7 @@ import re
 
 import httpx
 import jsonschema
+import pytest
 
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
@@ -75,6 +76,64 @@ def test_repeated_long_prefix_is_served_from_the_prefix_cache(server, openai_cli
     (prompt_ids, cold), (_, cached) = outputs
     expected = generate(core_model, prompt_ids, SamplingParams(max_new_tokens=8, stop_token_ids=(1,)))
     assert cold == cached == expected
+
+
+
+def chat_usage(client, prompt: str, stream: bool) -> dict:
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=4, temperature=0,
+                  extra_body=OFF)
+    if not stream:
+        usage = client.chat.completions.create(**kwargs).usage.model_dump()
+        return {"cached": usage["prompt_tokens_details"]["cached_tokens"], "prompt": usage["prompt_tokens"],
+                "hit": usage["prompt_cache_hit_tokens"], "miss": usage["prompt_cache_miss_tokens"]}
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage.model_dump()
+    return {"cached": usage["prompt_tokens_details"]["cached_tokens"], "prompt": usage["prompt_tokens"],
+            "hit": usage["prompt_cache_hit_tokens"], "miss": usage["prompt_cache_miss_tokens"]}
+
+
+def responses_usage(client, prompt: str, stream: bool) -> dict:
+    kwargs = dict(model=MODEL, input=prompt, max_output_tokens=4, temperature=0)
+    if stream:
+        events = list(client.responses.create(**kwargs, stream=True))
+        usage = next(e for e in events if e.type == "response.completed").response.usage
+    else:
+        usage = client.responses.create(**kwargs).usage
+    return {"cached": usage.input_tokens_details.cached_tokens, "prompt": usage.input_tokens}
+
+
+def messages_usage(client, prompt: str, stream: bool) -> dict:
+    kwargs = dict(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": prompt}],
+                  thinking={"type": "disabled"})
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            usage = events.get_final_message().usage
+    else:
+        usage = client.messages.create(**kwargs).usage
+    # Anthropic counts the prompt in three parts: read from the cache, written to it, and neither
+    return {"cached": usage.cache_read_input_tokens,
+            "prompt": usage.input_tokens + usage.cache_read_input_tokens + (usage.cache_creation_input_tokens or 0)}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_usage_reports_the_prefix_cache_hits_the_metrics_count(server, openai_client, anthropic_client, api, stream):
+    """A cache-hit input token is priced apart from a miss, so every API reports the hits in its usage, equal to
+    what vLLM's prefix-cache counter saw for that request; Chat also splits the prompt DeepSeek's way."""
+    ask_usage, client = {"chat": (chat_usage, openai_client), "responses": (responses_usage, openai_client),
+                         "messages": (messages_usage, anthropic_client)}[api]
+    prompt = f"Usage check {api} {stream}. " + " ".join(f"Step {i}: count the cached tokens." for i in range(60))
+    reported = []
+    for _ in range(2):
+        before = metric(server, "vllm:prefix_cache_hits_total")
+        usage = ask_usage(client, prompt, stream)
+        reported.append((usage, metric(server, "vllm:prefix_cache_hits_total") - before))
+    (cold, cold_hits), (warm, warm_hits) = reported
+    assert warm["cached"] == warm_hits >= 256, "the repeated prompt resumes from at least one 256-token block"
+    assert cold["cached"] == cold_hits < warm["cached"] and warm["prompt"] == cold["prompt"]
+    if api == "chat":
+        for usage in (cold, warm):
+            assert (usage["hit"], usage["miss"]) == (usage["cached"], usage["prompt"] - usage["cached"])
 
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},

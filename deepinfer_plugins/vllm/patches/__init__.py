@@ -48,14 +48,28 @@ patch_responses_history (vllm/renderers/online_renderer.py, the module's ``const
         turn's content.
   tested: integration_tests/vllm/test_api.py (the follow-up's prompt and answer equal those of the same history
           sent explicitly); tests/vllm/test_responses_store.py (the conversion of a reasoning-only turn).
+
+patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;
+             vllm/entrypoints/serve/engine/protocol.py, UsageInfo.__setattr__)
+  * ``enable_prompt_tokens_details`` -> True for Chat Completions and Messages (which subclasses it).
+    why:  a cache-hit input token is priced far below a miss, so every response reports the hits: vLLM reports
+          ``usage.prompt_tokens_details.cached_tokens`` (Chat) and ``cache_read_input_tokens`` (Messages) only
+          when the server was started with ``--enable-prompt-tokens-details``; Responses reports them always.
+  * Chat usage -> also ``prompt_cache_hit_tokens`` and ``prompt_cache_miss_tokens``, DeepSeek's own API fields.
+  how:  after the original __init__ the flag is set; assigning ``prompt_tokens_details`` to a UsageInfo (which
+        vLLM does once the request's cached-token count is known, streamed or not) also writes the two fields
+        as the model's extra fields, which vLLM's models serialise.
+  remove when: vLLM reports prompt-cache hits by default and lets a plugin add usage fields.
+  tested: tests/vllm/test_usage.py (the split); integration_tests/vllm/test_structured_and_cache.py (the
+          fields equal the hits vLLM's metrics count, in all three APIs, streamed and not).
 """
 
 from __future__ import annotations
 
 
 def apply_all() -> list[str]:
-    from . import patch_arch_config, patch_responses_history, patch_responses_store
+    from . import patch_arch_config, patch_responses_history, patch_responses_store, patch_usage
 
     applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply(),
-               "responses_history": patch_responses_history.apply()}
+               "responses_history": patch_responses_history.apply(), "usage": patch_usage.apply()}
     return [name for name, done in applied.items() if done]
