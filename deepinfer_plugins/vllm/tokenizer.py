@@ -18,8 +18,10 @@ from vllm.renderers.base import BaseRenderer
 from vllm.tokenizers.hf import CachedHfTokenizer
 from vllm.tokenizers.protocol import TokenizerLike
 
+from .vision import serving_args
+
 MODEL_NAME = "DeepSeek-V4.1-Flash"
-IMAGE_PART_TYPES = ("image_url", "input_image", "image_pil", "image_embeds")
+RAW_IMAGE_PART_TYPES = ("image_pil", "image_embeds")  # Python-side vLLM inputs: no URL the recipe could render
 
 
 class DeepInferTokenizer(TokenizerLike):
@@ -49,6 +51,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _chat_image_part(part: dict) -> dict:
+    """A content part as the recipe's Chat Completions parser takes it: a Responses ``input_image`` (which vLLM
+    passes on unchanged) becomes the ``image_url`` part it stands for."""
+    kind = part.get("type")
+    if kind in RAW_IMAGE_PART_TYPES:
+        raise ValueError(f"content part type {kind!r} is not supported; send images as image URLs or data URIs")
+    if kind == "input_image":
+        url = part.get("image_url")
+        return {"type": "image_url", "image_url": {"url": url.get("url") if isinstance(url, dict) else url}}
+    return part
+
+
 def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response_format: Any) -> dict:
     """vLLM's chat messages and chat-template kwargs -> a Chat Completions request for deepinfer_recipe."""
     plain = _plain(list(messages))
@@ -60,8 +74,8 @@ def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response
             if not isinstance(function.get("arguments", ""), str):  # vLLM decodes them for Jinja templates
                 function["arguments"] = json.dumps(function["arguments"], ensure_ascii=False)
         content = message.get("content")
-        if isinstance(content, list) and any(part.get("type") in IMAGE_PART_TYPES for part in content):
-            raise ValueError("image inputs are not supported by DeepInfer yet (the vision tower is not implemented)")
+        if isinstance(content, list):
+            message["content"] = [_chat_image_part(part) for part in content]
     if kwargs.get("continue_final_message") and plain and plain[-1].get("role") == "assistant":
         plain[-1]["prefix"] = True
     request: dict[str, Any] = {"model": MODEL_NAME, "messages": plain}
@@ -83,14 +97,25 @@ class DeepInferRenderer(BaseRenderer):
     def render_messages(self, messages, params):
         import deepinfer_recipe
 
-        conversation, _, _ = parse_chat_messages(messages, self.model_config, content_format="openai")
         request = recipe_chat_request(messages, params.get_apply_chat_template_kwargs(), params.tool_choice,
                                       params.response_format)
         try:
             rendered = deepinfer_recipe.render(request, "chat", tokenizer=prompt_tokenizer(self._tokenizer_path()))
         except deepinfer_recipe.RecipeError as exc:
             raise ValueError(exc.message) from None
-        return conversation, {"prompt_token_ids": rendered.token_ids, "prompt": rendered.prompt}
+        if rendered.images and serving_args(str(self.model_config.model)).vision is None:
+            raise ValueError("this checkpoint has no vision tower (no vision.* tensors): it serves text only, "
+                             "so requests with images are refused")
+        # vLLM decodes the images (data URIs, URLs) in message order, the order of the recipe's placeholders
+        conversation, mm_data, mm_uuids = parse_chat_messages(messages, self.model_config, content_format="openai",
+                                                              media_io_kwargs=params.media_io_kwargs,
+                                                              mm_processor_kwargs=params.mm_processor_kwargs)
+        prompt = {"prompt_token_ids": rendered.token_ids, "prompt": rendered.prompt}
+        if mm_data:
+            prompt["multi_modal_data"] = mm_data
+            if mm_uuids is not None:
+                prompt["multi_modal_uuids"] = mm_uuids
+        return conversation, prompt
 
     def _tokenizer_path(self) -> str:
         return str(self.model_config.tokenizer)
