@@ -8,17 +8,27 @@ hands the decoded images over in the same order. Here each image is preprocessed
 encoder cache on the image's content hash, so the span's token ids need not differ between images.
 
 A checkpoint without vision tensors supports no image at all (limit 0): vLLM then runs it as a text model.
+
+``check_image_data_uri`` runs before vLLM decodes a data URI, so that a bad image is a 400 naming the image and
+its problem: vLLM's own messages do not say which part failed ("Non-base64 digit found"), and an image past
+PIL's decompression-bomb threshold escapes its error handling as a 500.
 """
 
 from __future__ import annotations
 
+import binascii
 import functools
+import io
 import math
 from collections.abc import Mapping
 from pathlib import Path
 
+import pybase64
 import torch
+from PIL import Image
 from transformers import BatchFeature
+from vllm import envs
+from vllm.multimodal.image import ALLOWED_IMAGE_FORMATS
 from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import ImageProcessorItems
 from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalProcessor, BaseProcessingInfo
@@ -29,6 +39,57 @@ from ..models.deepseek_v41.image_processing import plan_image_grid, preprocess_i
 from ..models.deepseek_v41.loader import without_missing_vision
 
 PLACEHOLDER = "<｜image｜>"  # deepinfer_recipe.SpecialTokens.image: what the recipe renders for an image part
+
+
+def max_image_pixels() -> int | None:
+    """The most pixels a decoded image may have: ``VLLM_MAX_IMAGE_PIXELS`` (0 for none), capped by twice PIL's
+    ``MAX_IMAGE_PIXELS``, past which PIL refuses to open an image at all (the two defaults are equal)."""
+    limits = [envs.VLLM_MAX_IMAGE_PIXELS] if envs.VLLM_MAX_IMAGE_PIXELS > 0 else []
+    if Image.MAX_IMAGE_PIXELS:
+        limits.append(2 * Image.MAX_IMAGE_PIXELS)
+    return min(limits, default=None)
+
+
+def check_image_data_uri(url: str, name: str) -> None:
+    """Raise ValueError, its message starting with ``name``, for a data URI vLLM could not turn into an image.
+
+    Only the header is read: a payload that opens but fails to decode later is still refused by vLLM (400)."""
+    spec, comma, data = url[len("data:"):].partition(",")
+    if not comma or spec.rpartition(";")[2] != "base64":
+        raise ValueError(f"{name}: only base64 data URIs are supported (data:<media type>;base64,<data>)")
+    media_type = spec.partition(";")[0] or "no media type"
+    try:
+        payload = pybase64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"{name}: the data URI's payload is not valid base64 ({exc})") from None
+    limit = max_image_pixels()
+    try:
+        with Image.open(io.BytesIO(payload), formats=ALLOWED_IMAGE_FORMATS) as image:
+            width, height = image.size
+    except Image.DecompressionBombError:
+        raise ValueError(f"{name}: the image is over the limit of {limit} pixels (VLLM_MAX_IMAGE_PIXELS)") from None
+    except (Image.UnidentifiedImageError, OSError):
+        denied = denied_format(payload)
+        if denied:
+            raise ValueError(f"{name}: {denied} images are not supported; send PNG, JPEG, WebP, GIF or another "
+                             f"raster format (vllm.multimodal.image.ALLOWED_IMAGE_FORMATS)") from None
+        raise ValueError(f"{name}: the payload ({media_type}, {len(payload)} bytes) is not an image that can be "
+                         f"decoded") from None
+    if limit is not None and width * height > limit:
+        raise ValueError(f"{name}: the image is {width} x {height} = {width * height} pixels, over the limit of "
+                         f"{limit} (VLLM_MAX_IMAGE_PIXELS)")
+
+
+def denied_format(payload: bytes) -> str | None:
+    """The format PIL reads ``payload`` as, among those vLLM refuses to decode (EPS runs Ghostscript, ...).
+    Identifying runs only the format's header parser, never its decoder."""
+    Image.init()  # registers every format plugin; Image.OPEN holds only the common ones until then
+    denied = [name for name in Image.OPEN if name not in ALLOWED_IMAGE_FORMATS]
+    try:
+        with Image.open(io.BytesIO(payload), formats=denied) as image:
+            return image.format
+    except Exception:  # noqa: BLE001 - any failure of a header parser means: not one of these formats
+        return None
 
 
 @functools.lru_cache(maxsize=4)
