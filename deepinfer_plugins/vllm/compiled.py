@@ -120,9 +120,10 @@ def compiles(vllm_config) -> bool:
     return dspark_tokens(vllm_config) == 0
 
 
-@support_torch_compile(dynamic_arg_dims={"input_ids": 0}, enable_if=compiles)
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "inputs_embeds": 0}, enable_if=compiles)
 class CompiledBody(nn.Module):
-    """The traced part of the forward: token ids -> final hidden states [rows, d], cache work opaque."""
+    """The traced part of the forward: token ids -> final hidden states [rows, d], cache work opaque. With image
+    inputs vLLM hands every step its input embeddings (images merged), and the token ids beside them."""
 
     def __init__(self, *, vllm_config, prefix: str = "", core: nn.Module, layer_names: list[str]):
         super().__init__()
@@ -133,9 +134,10 @@ class CompiledBody(nn.Module):
         if splitting_ops:  # piecewise compile: split at our ops as at vLLM's attention
             splitting_ops.extend(op for op in (ATTENTION_OP, ENGRAM_OP) if op not in splitting_ops)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         engram_ids = None
         if self.engram_shape[0]:
             engram_ids = torch.ops.deepinfer.v41_engram_ids(input_ids, self.layer_names[0], *self.engram_shape)
         return self.core.opaque_cache_hidden_states(
-            input_ids, engram_ids, lambda layer_id, x: torch.ops.deepinfer.v41_attention(x, self.layer_names[layer_id]))
+            input_ids, engram_ids, lambda layer_id, x: torch.ops.deepinfer.v41_attention(x, self.layer_names[layer_id]),
+            inputs_embeds)

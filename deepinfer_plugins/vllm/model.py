@@ -28,6 +28,8 @@ from typing import Iterable
 
 import torch
 from torch import nn
+from vllm.model_executor.models.interfaces import SupportsMultiModal
+from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from .. import envs
 from ..models.deepseek_v41.args import ModelArgs
@@ -40,6 +42,8 @@ from .cache import (PagedSequenceState, PagedStep, StoredPositions, make_cache_o
                     make_dspark_feature_owner, write_dspark_context)
 from .compiled import ATTENTION_OP, ENGRAM_OP, CompiledBody, PagedForward, attach_steps, step_metadata
 from .spec_decode import dspark_tokens
+from .vision import (DeepInferDummyInputsBuilder, DeepInferMultiModalProcessor, DeepInferProcessingInfo,
+                     serving_args)
 
 logger = logging.getLogger("deepinfer")
 server_log = logging.getLogger("vllm.deepinfer")  # under vLLM's configured logger: lines the server log must show
@@ -83,11 +87,15 @@ class LastStep:
     seq_lens: list[int]  # tokens per request including this step's
 
 
-class DeepInferDeepseekV41ForCausalLM(nn.Module):
+@MULTIMODAL_REGISTRY.register_processor(DeepInferMultiModalProcessor, info=DeepInferProcessingInfo,
+                                        dummy_inputs=DeepInferDummyInputsBuilder)
+class DeepInferDeepseekV41ForCausalLM(nn.Module, SupportsMultiModal):
+    requires_raw_input_tokens = True  # Engram and the image routing read the token ids beside the embeddings
+
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         model_config = vllm_config.model_config
-        self.args = ModelArgs.from_file(Path(model_config.model))
+        self.args = serving_args(str(model_config.model))
         dtype = model_config.dtype
         self.num_speculative_tokens = dspark_tokens(vllm_config)
         with_drafter = self.num_speculative_tokens > 0
@@ -122,8 +130,25 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         return shard_model(self.model, TensorParallel(get_tensor_model_parallel_rank(), world,
                                                       tensor_model_parallel_all_reduce))
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed(input_ids).to(self.model.dtype)
+    @classmethod
+    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
+        return None  # the recipe renders the placeholders (token ids), never vLLM's chat template
+
+    def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
+        """Each image's whole span [span_length, d] (the core's ``embed_image``), in prompt order: what vLLM's
+        encoder cache keeps and slices into the steps that hold the span."""
+        patches, grids = kwargs.get("patches"), kwargs.get("patch_grid")
+        if patches is None:
+            return []
+        return [self.model.embed_image(image_patches, *grid.tolist()) for image_patches, grid in zip(patches, grids)]
+
+    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings=None, *,
+                        is_multimodal: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings with the image rows vLLM gathered for this step's span positions; the core places them
+        at the positions holding ``image_token_id``, which are the positions of ``is_multimodal``."""
+        if not multimodal_embeddings:
+            return self.model.input_embeddings(input_ids)
+        return self.model.input_embeddings(input_ids, torch.cat(list(multimodal_embeddings)))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds=None, **kwargs) -> torch.Tensor:
@@ -134,24 +159,30 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
                                                                self.input_caches))
         if self.context_cache is None:
             if step is not None:
-                self.model.check_tokens(input_ids[: step.num_tokens])
-            hidden = self.body(input_ids)
+                self.model.check_tokens(input_ids[: step.num_tokens], with_image_embeds=inputs_embeds is not None)
+            hidden = self.body(input_ids, inputs_embeds)
         else:
-            hidden = self._forward_with_drafter(input_ids, step)
+            hidden = self._forward_with_drafter(input_ids, inputs_embeds, step)
         if step is not None:
             step.audit.verify()
         return hidden
 
-    def _forward_with_drafter(self, input_ids: torch.Tensor, step: PagedForward | None) -> torch.Tensor:
+    def _forward_with_drafter(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
+                              step: PagedForward | None) -> torch.Tensor:
         """The eager forward DSpark needs: the residual streams entering its target layers are captured per
-        chunk, then turned into the draft context."""
+        chunk, then turned into the draft context. The core takes only the image rows of ``inputs_embeds``."""
         hidden = torch.zeros(input_ids.shape[0], self.args.hidden_size, dtype=self.model.dtype,
                              device=input_ids.device)
         if step is None:
             return hidden  # vLLM's profiling / warm-up run: no caches, nothing to compute
         if step.chunks:
-            hidden[: step.num_tokens] = self.model.hidden_states(input_ids[: step.num_tokens], step.chunks,
-                                                                 capture_layers=self.capture_layers)
+            token_ids = input_ids[: step.num_tokens]
+            image_embeds = None
+            if inputs_embeds is not None:
+                image_embeds = inputs_embeds[: step.num_tokens][self.model.image_rows(token_ids)]
+            hidden[: step.num_tokens] = self.model.hidden_states(token_ids, step.chunks,
+                                                                 capture_layers=self.capture_layers,
+                                                                 image_embeds=image_embeds)
         metadata = step_metadata()
         self._write_draft_context(step.chunks, step.rows, metadata[self.window_caches[0].layer_name],
                                   metadata[self.context_cache.layer_name])

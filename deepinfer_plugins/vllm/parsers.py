@@ -4,6 +4,9 @@ vLLM runs the reasoning parser first (thinking vs answer) and hands the answer t
 (DSML tool calls vs content). Both feed the recipe's incremental parser, whose result does not depend on how
 the output is chunked, so streamed and non-streamed responses agree. Whether the output starts inside the
 thinking block is read from the prompt: it ends with ``<think>`` when thinking is on and ``</think>`` when off.
+vLLM shows the prompt to the reasoning parser for Chat Completions and streamed Responses only; a non-streamed
+Responses answer is parsed knowing just the chat-template kwargs, so the parser starts from their thinking
+switch, which is what the recipe renders the prompt's end from.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ class DeepInferReasoningParser(ReasoningParser):
     def __init__(self, tokenizer, *args, **kwargs):
         super().__init__(tokenizer, *args, **kwargs)
         self.start_id, self.end_id = self.vocab[THINK_START], self.vocab[THINK_END]
-        self.starts_in_reasoning = True
+        template_kwargs = kwargs.get("chat_template_kwargs") or {}
+        thinking = template_kwargs.get("thinking", template_kwargs.get("enable_thinking"))
+        self.starts_in_reasoning = thinking is None or bool(thinking)  # the recipe thinks unless told not to
         self.stream: StreamParser | None = None
 
     @property

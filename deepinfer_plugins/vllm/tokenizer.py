@@ -9,17 +9,21 @@ token ids, not as text that vLLM would tokenize again (which would turn a user's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from typing import Any
 
-from vllm.renderers.chat_utils import parse_chat_messages
+from PIL import Image
+from vllm.renderers.chat_utils import parse_chat_messages, parse_chat_messages_async
 from vllm.renderers.base import BaseRenderer
 from vllm.tokenizers.hf import CachedHfTokenizer
 from vllm.tokenizers.protocol import TokenizerLike
 
+from .vision import check_image_data_uri, serving_args
+
 MODEL_NAME = "DeepSeek-V4.1-Flash"
-IMAGE_PART_TYPES = ("image_url", "input_image", "image_pil", "image_embeds")
+RAW_IMAGE_PART_TYPES = ("image_pil", "image_embeds")  # Python-side vLLM inputs: no URL the recipe could render
 
 
 class DeepInferTokenizer(TokenizerLike):
@@ -49,6 +53,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _chat_part(part: dict) -> dict:
+    """A content part as the recipe's Chat Completions parser takes it. vLLM passes Responses parts on unchanged:
+    ``input_text`` / ``output_text`` become the ``text`` part and ``input_image`` the ``image_url`` part they
+    stand for, as vLLM's own chat parser reads them."""
+    kind = part.get("type")
+    if kind in RAW_IMAGE_PART_TYPES:
+        raise ValueError(f"content part type {kind!r} is not supported; send images as image URLs or data URIs")
+    if kind in ("input_text", "output_text"):
+        return {"type": "text", "text": part.get("text")}
+    if kind == "input_image":
+        url = part.get("image_url")
+        image = {"url": url.get("url") if isinstance(url, dict) else url}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    return part
+
+
 def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response_format: Any) -> dict:
     """vLLM's chat messages and chat-template kwargs -> a Chat Completions request for deepinfer_recipe."""
     plain = _plain(list(messages))
@@ -60,8 +82,8 @@ def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response
             if not isinstance(function.get("arguments", ""), str):  # vLLM decodes them for Jinja templates
                 function["arguments"] = json.dumps(function["arguments"], ensure_ascii=False)
         content = message.get("content")
-        if isinstance(content, list) and any(part.get("type") in IMAGE_PART_TYPES for part in content):
-            raise ValueError("image inputs are not supported by DeepInfer yet (the vision tower is not implemented)")
+        if isinstance(content, list):
+            message["content"] = [_chat_part(part) for part in content]
     if kwargs.get("continue_final_message") and plain and plain[-1].get("role") == "assistant":
         plain[-1]["prefix"] = True
     request: dict[str, Any] = {"model": MODEL_NAME, "messages": plain}
@@ -81,16 +103,59 @@ def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response
 
 class DeepInferRenderer(BaseRenderer):
     def render_messages(self, messages, params):
+        rendered = self._render(messages, params)
+        with _image_errors():
+            parsed = parse_chat_messages(messages, self.model_config, content_format="openai",
+                                         media_io_kwargs=params.media_io_kwargs,
+                                         mm_processor_kwargs=params.mm_processor_kwargs)
+        return _engine_prompt(rendered, *parsed)
+
+    async def render_messages_async(self, messages, params):
+        """As ``render_messages``, with image URLs fetched and decoded off the server's event loop."""
+        rendered = self._render(messages, params)
+        with _image_errors():
+            parsed = await parse_chat_messages_async(messages, self.model_config, content_format="openai",
+                                                     media_io_kwargs=params.media_io_kwargs,
+                                                     mm_processor_kwargs=params.mm_processor_kwargs)
+        return _engine_prompt(rendered, *parsed)
+
+    def _render(self, messages, params):
+        """The recipe's prompt; images refused here, before vLLM decodes them, get a message naming the image."""
         import deepinfer_recipe
 
-        conversation, _, _ = parse_chat_messages(messages, self.model_config, content_format="openai")
         request = recipe_chat_request(messages, params.get_apply_chat_template_kwargs(), params.tool_choice,
                                       params.response_format)
         try:
             rendered = deepinfer_recipe.render(request, "chat", tokenizer=prompt_tokenizer(self._tokenizer_path()))
         except deepinfer_recipe.RecipeError as exc:
             raise ValueError(exc.message) from None
-        return conversation, {"prompt_token_ids": rendered.token_ids, "prompt": rendered.prompt}
+        if rendered.images and serving_args(str(self.model_config.model)).vision is None:
+            raise ValueError("this checkpoint has no vision tower (no vision.* tensors): it serves text only, "
+                             "so requests with images are refused")
+        for number, image in enumerate(rendered.images, 1):
+            if image.kind == "data_url":
+                check_image_data_uri(image.value, f"image {number} of the request")
+        return rendered
 
     def _tokenizer_path(self) -> str:
         return str(self.model_config.tokenizer)
+
+
+def _engine_prompt(rendered, conversation, mm_data, mm_uuids):
+    """The recipe's token ids with the images vLLM decoded, in message order: the order of the placeholders."""
+    prompt = {"prompt_token_ids": rendered.token_ids, "prompt": rendered.prompt}
+    if mm_data:
+        prompt["multi_modal_data"] = mm_data
+        if mm_uuids is not None:
+            prompt["multi_modal_uuids"] = mm_uuids
+    return conversation, prompt
+
+
+@contextlib.contextmanager
+def _image_errors():
+    """A fetched image past PIL's decompression-bomb threshold as the client's 400, not the 500 vLLM answers for
+    an exception it does not know (data URIs are checked before, by ``check_image_data_uri``)."""
+    try:
+        yield
+    except Image.DecompressionBombError as exc:
+        raise ValueError(f"an image of the request cannot be loaded: {exc}") from None

@@ -16,6 +16,7 @@ import pytest
 
 MODEL = "deepseek-v4.1-tiny"
 RESPONSES_STORE_SIZE = 8  # small, so that a test can write past it
+IMAGES_PER_PROMPT = 2  # --limit-mm-per-prompt: small, so that a test can send one image more
 LOG = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log"))
 
 
@@ -37,7 +38,8 @@ def server(checkpoint):
     process, base = launch_server(checkpoint, free_port(),
                                   ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL,
                                    "--max-num-batched-tokens", "512", "--structured-outputs-config",
-                                   '{"backend": "xgrammar", "disable_any_whitespace": true}'], LOG,
+                                   '{"backend": "xgrammar", "disable_any_whitespace": true}',
+                                   "--limit-mm-per-prompt", f'{{"image": {IMAGES_PER_PROMPT}}}'], LOG,
                                   env={"DEEPINFER_RESPONSES_STORE_SIZE": str(RESPONSES_STORE_SIZE)})
     yield base
     stop_process_group(process)

@@ -4,7 +4,8 @@ Guarantees: chat (non-streamed and streamed, thinking on and off) returns reason
 fields and streamed deltas add up to the non-streamed answer; greedy decoding through vLLM (paged caches,
 chunked prefill) equals the core model's ``generate()`` token for token; a DSML tool call (forced with a regex
 constraint, since the weights are random) comes back as an OpenAI tool call and the round trip with its result
-is served; Responses and Anthropic Messages answer through the same renderer and parsers; a Responses
+is served; Responses and Anthropic Messages answer through the same renderer and parsers (a Responses answer
+with thinking off is its output text, streamed or not, as Chat's content); a Responses
 follow-up through ``previous_response_id`` sees its history, and the store forgets past its bound.
 """
 
@@ -108,6 +109,20 @@ def test_responses_api(openai_client):
     assert out.status in ("completed", "incomplete")
     assert out.usage.output_tokens == 12
     assert out.output, "a Responses answer has at least one output item"
+
+
+def test_responses_with_thinking_off_answers_in_output_text(openai_client):
+    """Not streamed, vLLM parses a Responses answer without showing the parser the prompt's end."""
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                                 max_tokens=12, temperature=0, extra_body=OFF)
+    request = dict(model=MODEL, input="Hello", max_output_tokens=12, temperature=0, extra_body=OFF)
+    out = openai_client.responses.create(**request)
+    assert [item.type for item in out.output] == ["message"]
+    assert out.output_text == chat.choices[0].message.content
+    assert out.usage.output_tokens_details.reasoning_tokens == 0
+    streamed = "".join(event.delta for event in openai_client.responses.create(**request, stream=True)
+                       if event.type == "response.output_text.delta")
+    assert streamed == out.output_text
 
 
 def test_messages_api(anthropic_client):

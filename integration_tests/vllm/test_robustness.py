@@ -27,7 +27,7 @@ BAD_REQUESTS = {
     "wrong type": {**GOOD, "temperature": "hot"},
     "messages missing": {"model": MODEL, "max_tokens": 4},
     "tool_choice required with thinking on": {**GOOD, "tools": [TOOL], "tool_choice": "required"},
-    "image input": {**GOOD, "messages": [{"role": "user", "content": [
+    "image that cannot be decoded": {**GOOD, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
 }
 

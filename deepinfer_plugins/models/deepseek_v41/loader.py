@@ -39,6 +39,14 @@ class CheckpointError(RuntimeError):
     """The checkpoint does not match the model its config describes."""
 
 
+def without_missing_vision(path: Path, args: ModelArgs) -> ModelArgs:
+    """``args`` with no vision tower when the checkpoint holds none of its tensors: text-only conversions keep the
+    release's ``vision_config``, and a model built from it would wait for tensors that never come."""
+    if args.vision is not None and not any(name.startswith(VISION_PREFIXES) for name in shard_map(path)):
+        return dataclasses.replace(args, vision_config=None)
+    return args
+
+
 def shard_map(path: Path) -> dict[str, str]:
     """tensor name -> shard file name, from the index (or the single-file checkpoint)."""
     index = path / INDEX_FILE
@@ -259,8 +267,7 @@ def load_model(cls, path, dtype: torch.dtype = torch.float32, device: str | torc
         args = ModelArgs.from_file(path, **overrides)
     except ConfigError as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
-    if args.vision is not None and not any(name.startswith(VISION_PREFIXES) for name in shard_map(path)):
-        args = dataclasses.replace(args, vision_config=None)  # a text-only checkpoint: build no tower
+    args = without_missing_vision(path, args)
     if with_drafter is None:
         with_drafter = checkpoint_has_drafter(path, args)
     if with_drafter and args.num_nextn_predict_layers < 1:
