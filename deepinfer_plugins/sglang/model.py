@@ -7,7 +7,11 @@ No model math here (docs/architecture.md#one-copy-of-the-model-math): the networ
   * SGLang's KV slots (``req_to_token[req_pool_idx, pos]``, the same indices its allocator, radix cache and
     speculative rollback manage) onto the core's ``SequenceState`` protocol, via ``SlotStore`` below;
   * the checkpoint iterator of SGLang's loader (``load_weights``) onto the core's module tree, whose parameter
-    names are the official checkpoint names.
+    names are the official checkpoint names;
+  * SGLang's multimodal inputs (``forward_batch.mm_inputs``, image spans padded with each image's hash) onto the
+    core's token ids and span rows: ``get_image_feature`` runs the core's ``embed_image``, SGLang's
+    ``prepare_mm_inputs`` caches and slices the spans per chunk, and the core gets the ids with every image
+    position back at ``image_token_id`` (vision.py holds the processor that lays the spans out).
 
 Where V4.1's cache lives. V4.1 keeps per layer a window of FP8 latents, per KV-source layer a compressed KV
 (one entry per ``ratio`` tokens) with indexer keys and an open compressor group, and the last few token ids
@@ -24,8 +28,9 @@ token pool for the config's head sizes; a DeepInfer KV-pool class would remove t
 
 Verified on CPU (integration_tests/sglang/test_sglang_registration.py): construction from the config SGLang
 itself loads for a tiny checkpoint, ``load_weights`` from a safetensors iterator, and logits of a real
-``ForwardBatch`` (EXTEND of two requests, chunked EXTEND with a cached prefix, DECODE, TARGET_VERIFY) equal
-the core model's, with SGLang's real ``ReqToTokenPool``. The attention backend is a stand-in on CPU (only its
+``ForwardBatch`` (EXTEND of two requests, chunked EXTEND with a cached prefix, DECODE, TARGET_VERIFY, and
+EXTEND with one or two images, chunked inside a span: test_sglang_vision.py) equal the core model's, with
+SGLang's real ``ReqToTokenPool``. The attention backend is a stand-in on CPU (only its
 ``req_to_token_pool`` is read, through SGLang's ``get_req_to_token_pool()``), because SGLang cannot run its
 model runner without a GPU / a CPU sgl-kernel here. Not verified: a live SGLang server (scheduler, CUDA
 graphs: the per-sequence loops here are not graph-capturable), input-token logprobs (only next-token logits
@@ -45,7 +50,7 @@ from ..models.deepseek_v41 import ConfigError, ModelArgs, SequenceChunk
 from ..models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from ..models.deepseek_v41.kv_cache import (COMPRESSED_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, EntryCount,
                                              ranges_rows, window_positions)
-from ..models.deepseek_v41.loader import attach_engram_token_map, load_weights, new_model
+from ..models.deepseek_v41.loader import attach_engram_token_map, load_weights, new_model, without_missing_vision
 from ..ops import cache_write
 from ..ops.cache import record_bytes, to_device
 
@@ -56,11 +61,13 @@ def model_args_from_sglang_config(config) -> ModelArgs:
 
     SGLang 0.5.23 flattens V4.1's nested config (sglang/srt/configs/deepseek_v41.py), so the nested
     ``config.json`` is read again from ``config._name_or_path`` (SGLang sets it to the checkpoint directory);
-    a config that still carries ``text_config`` (a plain dict or HF config) is used as is.
+    a config that still carries ``text_config`` (a plain dict or HF config) is used as is. A checkpoint that
+    holds no vision tensors gets no vision tower, even when its config keeps ``vision_config`` (text-only
+    conversions of the release do): the model would otherwise wait for tensors that never come.
     """
     path = getattr(config, "_name_or_path", None)
     if path and (Path(path) / "config.json").exists():
-        return ModelArgs.from_file(path)
+        return without_missing_vision(Path(path), ModelArgs.from_file(path))
     values = config if isinstance(config, dict) else config.to_dict()
     if "text_config" in values:
         return ModelArgs.from_hf_config(values)
@@ -243,6 +250,19 @@ def rows_per_request(forward_batch, num_rows: int) -> list[int]:
     raise UnsupportedInputError(f"DeepInfer's V4.1 SGLang model does not handle forward mode {mode.name}")
 
 
+class TokenEmbedding:
+    """The core's token embedding in the activation dtype, as SGLang's multimodal routine calls it: image rows
+    are written into its output, so they keep the precision ``embed_image`` gave them (the embedding table itself
+    is stored in bf16)."""
+
+    def __init__(self, core: CoreModel):
+        self.core = core
+        self.num_embeddings = core.embed.num_embeddings
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.core.embed(token_ids).to(self.core.dtype)  # [rows, d]
+
+
 class DeepInferDeepseekV41ForCausalLM(nn.Module):
     """SGLang model class (constructor, ``forward``, ``load_weights`` as SGLang's model loader calls them).
 
@@ -267,6 +287,41 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
         self.model.finish_loading()
         attach_engram_token_map(self.model, Path(self.checkpoint_dir or "."))
         return loaded
+
+    # ---- images -------------------------------------------------------------------------------------------
+    def pad_input_ids(self, input_ids, mm_inputs):
+        """The scheduler's prompt ids with each image span's positions set to the image's pad values (derived
+        from its pixels' hash), so the radix cache never matches one image's span against another's: every
+        span holds the same ``image_token_id`` otherwise. ``forward`` maps them back."""
+        from sglang.srt.managers.mm_utils import pad_mm_tokens
+
+        return pad_mm_tokens(input_ids, mm_inputs)
+
+    def get_input_embeddings(self) -> "TokenEmbedding":
+        return TokenEmbedding(self.model)
+
+    def get_image_feature(self, items) -> list[torch.Tensor]:
+        """Each image's whole span [span_length, d] (the core's vision tower, aligner and delimiters), in item
+        order: SGLang caches it by the image's hash and slices out the rows a chunk covers."""
+        return [self.model.embed_image(item.feature, int(item.patch_rows), int(item.patch_cols)) for item in items]
+
+    def image_inputs(self, input_ids: torch.Tensor, forward_batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (token ids with every image position back at ``image_token_id``, the span rows of those positions
+        in order, or None when the batch holds no image). SGLang's ``prepare_mm_inputs`` runs ``get_image_feature``
+        through its embedding cache and places each chunk's rows at the pad-value positions; the core takes the
+        ids beside the rows, because image positions route with ``bias_vl`` and are dead to Engram."""
+        mode = forward_batch.forward_mode
+        if not (mode.is_extend() and not mode.is_target_verify() and forward_batch.contains_mm_inputs()):
+            return input_ids, None
+        from sglang.srt.managers.mm_utils import prepare_mm_inputs
+
+        pad_values = sorted({value for mm in forward_batch.mm_inputs if mm is not None for item in mm.mm_items
+                             for value in item.padding_values()})
+        image = torch.isin(input_ids, to_device(torch.tensor(pad_values, dtype=input_ids.dtype), input_ids.device))
+        token_ids = input_ids.masked_fill(image, self.args.image_token_id)
+        # prepare_mm_inputs clamps the ids it is given in place; the caller's stay as they are
+        embeds = prepare_mm_inputs(input_ids.clone(), forward_batch, self, {}, multimodal_model=self)  # [rows, d]
+        return token_ids, embeds[image]
 
     # ---- forward ------------------------------------------------------------------------------------------
     def slot_store(self, num_slots: int) -> SlotStore:
@@ -306,20 +361,22 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, input_embeds=None,
                 get_embedding: bool = False, pp_proxy_tensors=None):
         """input_ids, positions [rows] -> LogitsProcessorOutput (next-token logits: last row per request for
-        EXTEND, every row for DECODE and TARGET_VERIFY)."""
+        EXTEND, every row for DECODE and TARGET_VERIFY). Image positions of an EXTEND hold pad values
+        (``pad_input_ids``); ``image_inputs`` turns them into the ids and span rows the core takes."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
         if input_embeds is not None or get_embedding or pp_proxy_tensors is not None:
             raise UnsupportedInputError("DeepInfer's V4.1 SGLang model takes token ids only (no input_embeds, "
                                       "embedding mode or pipeline parallelism)")
+        token_ids, image_embeds = self.image_inputs(input_ids, forward_batch)
         chunks, counts = self.sequence_chunks(positions, forward_batch)
         states = [c.state for c in chunks]
         starts = [c.row_start for c in chunks]
         # bounded_replay stays off: a later request may resume from any cached prefix (radix cache), which needs
         # every layer's window latent at every position.
-        hidden = self.model.hidden_states(input_ids, chunks)  # [rows, d]
+        hidden = self.model.hidden_states(token_ids, chunks, image_embeds=image_embeds)  # [rows, d]
         for state, start, n in zip(states, starts, counts):
-            state.advance(input_ids[start: start + n])
+            state.advance(token_ids[start: start + n])
         mode = forward_batch.forward_mode
         if mode.is_extend() and not mode.is_target_verify():  # is_extend() includes TARGET_VERIFY
             # the head runs on the rows that are sampled only: a prefill chunk's logits of every row would be

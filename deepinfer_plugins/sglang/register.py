@@ -9,6 +9,8 @@ DP controller) and then applies the hooks plugins queued. ``register()`` is idem
   config, so taking it over also needs patches/patch_v41_architecture_name.py (queued here, same switch).
   With the switch set, V4.1 checkpoints go to upstream's class, and ours stays selectable with
   ``--json-model-override-args '{"architectures": ["DeepInferDeepseekV41ForCausalLM"]}'``.
+* the image processor (vision.py) for the same architectures, in SGLang's ``PROCESSOR_MAPPING``, which its
+  tokenizer manager searches by the config's architecture name when the checkpoint has a vision tower.
 * no speculative algorithm: DeepInfer's DSpark has no worker for SGLang's scheduler, so none is offered, and
   patches/patch_unavailable_spec_algorithm.py turns ``--speculative-algorithm DEEPINFER_DSPARK`` into an error
   that names what works instead (DSpark on vLLM; upstream's ``DSPARK``).
@@ -37,6 +39,7 @@ def register() -> None:
         return
     upstream = envs.keep_upstream_sglang()
     archs = register_models(upstream)
+    register_image_processor(archs)
     from .patches import register_unavailable_spec_algorithm_hook, register_v41_architecture_name_hook
 
     if not upstream:
@@ -65,3 +68,21 @@ def register_models(keep_upstream_v41: bool) -> list[str]:
     ModelRegistry.models.update(wanted)
     return list(wanted)
 
+
+
+def register_image_processor(archs: list[str]) -> None:
+    """Map each of our model classes in ``archs`` to our image processor in SGLang's ``PROCESSOR_MAPPING`` (keyed by
+    model class, matched by class name against the config's architectures). An entry another processor holds
+    for one of our classes is an error, as for the model registry."""
+    from sglang.srt.managers.multimodal_processor import PROCESSOR_MAPPING
+    from sglang.srt.models.registry import ModelRegistry
+
+    from .vision import DeepInferImageProcessor
+
+    for arch in archs:
+        model_cls = ModelRegistry.models[arch]
+        owner = next((proc for cls, proc in PROCESSOR_MAPPING.items() if cls.__name__ == arch), None)
+        if owner is not None and owner is not DeepInferImageProcessor:
+            raise ValueError(f"SGLang architecture {arch} already has the multimodal processor {owner.__module__}."
+                             f"{owner.__qualname__}; set {KEEP_UPSTREAM_ENV}=1 to leave it there")
+        PROCESSOR_MAPPING[model_cls] = DeepInferImageProcessor

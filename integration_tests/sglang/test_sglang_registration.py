@@ -212,8 +212,9 @@ class Engine:
         out, self.free = self.free[:n], self.free[n:]
         return torch.tensor(out, dtype=torch.int64)
 
-    def forward(self, mode, reqs):
-        """reqs: [(req_pool_idx, start_pos, token ids)] -> next_token_logits."""
+    def forward(self, mode, reqs, mm_inputs=None):
+        """reqs: [(req_pool_idx, start_pos, token ids)] -> next_token_logits. ``mm_inputs``: one
+        ``MultimodalInputs`` or None per request, as the scheduler attaches them to an EXTEND batch."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -231,7 +232,7 @@ class Engine:
             out_cache_loc=torch.cat(locs), seq_lens_sum=sum(s + n for (_, s, _), n in zip(reqs, lens)),
             positions=torch.cat([torch.arange(s, s + n) for (_, s, _), n in zip(reqs, lens)]),
             extend_seq_lens_cpu=lens if mode == "EXTEND" else None,
-            extend_prefix_lens_cpu=[s for _, s, _ in reqs] if mode == "EXTEND" else None)
+            extend_prefix_lens_cpu=[s for _, s, _ in reqs] if mode == "EXTEND" else None, mm_inputs=mm_inputs)
         with forward_context(ForwardContext(attn_backend=self.backend)):
             return self.model(fb.input_ids, fb.positions, fb).next_token_logits
 
