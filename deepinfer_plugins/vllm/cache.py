@@ -31,6 +31,7 @@ from torch import nn
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
+from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from .. import ops
 from ..models.deepseek_v41.args import ModelArgs
@@ -153,6 +154,13 @@ class DeepInferCacheBackend(AttentionBackend):
     @staticmethod
     def get_builder_cls():
         return DeepInferMetadataBuilder
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        """Our pages hold one head and no K/V pair, so every layout is the same bytes (``rows()`` views them flat);
+        vLLM lets KV connectors (NIXL, LMCache) move caches whose rows stand for several tokens only under a
+        block-outermost layout, so that is what we declare (docs/multi_replica.md)."""
+        return (KVCacheLayout.BLHNC, KVCacheLayout.BLNHC)
 
     @staticmethod
     def get_impl_cls():
