@@ -8,7 +8,9 @@ Run with the vLLM environment: ``.venv-vllm/bin/python -m pytest integration_tes
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import sys
 from pathlib import Path
 
 from deepinfer_plugins.cli import launch_server, stop_process_group
@@ -64,3 +66,9 @@ def core_model(checkpoint):
     from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM
 
     return DeepseekV41ForCausalLM.from_pretrained(checkpoint)
+
+
+def installed_command(name: str) -> str | None:
+    """A console script of this interpreter's environment (the venv's bin/ need not be on PATH), else PATH's."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)

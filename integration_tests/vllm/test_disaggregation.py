@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, free_port
+from .conftest import MODEL, free_port, installed_command
 
 pytest.importorskip("nixl", reason="NixlConnector needs the nixl package (integration_tests/setup_vllm_venv.sh)")
 
@@ -141,7 +140,7 @@ def routed_body() -> dict:
 
 @pytest.fixture(scope="module")
 def pd_router(prefill_and_decode):
-    router = shutil.which("vllm-router")
+    router = installed_command("vllm-router")
     if router is None:
         pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
     prefill, decode = prefill_and_decode

@@ -10,7 +10,6 @@ model's greedy output. The router matches prefixes on token ids it gets from eac
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ import pytest
 from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, free_port
+from .conftest import MODEL, free_port, installed_command
 
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 OFF = {"chat_template_kwargs": {"thinking": False}}
@@ -30,7 +29,7 @@ OFF = {"chat_template_kwargs": {"thinking": False}}
 
 @pytest.fixture(scope="module")
 def replicas_and_router(checkpoint):
-    router = shutil.which("vllm-router")
+    router = installed_command("vllm-router")
     if router is None:
         pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
     processes = []
