@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 from array import array
 
 import pytest
@@ -40,24 +39,16 @@ except Exception as exc:  # ImportError, or a broken CUDA-only dependency
                 ".venv-sglang/bin/python", allow_module_level=True)
 
 import torch
-from PIL import Image
 
 from deepinfer_plugins.models.deepseek_v41 import DeepseekV41ForCausalLM as CoreModel
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
 from deepinfer_plugins.models.deepseek_v41.image_processing import plan_image_grid, preprocess_image
 from deepinfer_plugins.models.deepseek_v41.model import ImageInputError
 
+from ..images import png
 from .test_sglang_registration import PRESET, Engine, close, reference, run_sglang
 
 TEXT = [5, 17, 33, 9]
-
-
-def png(seed: int, size=(40, 30)) -> bytes:
-    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=torch.Generator().manual_seed(seed),
-                           dtype=torch.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels.numpy()).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")

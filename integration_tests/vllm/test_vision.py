@@ -27,20 +27,13 @@ from deepinfer_plugins.cli import launch_server, stop_process_group
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
 from deepinfer_plugins.models.deepseek_v41.image_processing import preprocess_image
 
+from ..images import png
 from .conftest import IMAGES_PER_PROMPT, LOG, MODEL, free_port
 from .test_structured_and_cache import metric
 
 OFF = {"chat_template_kwargs": {"thinking": False}, "return_token_ids": True}
 QUESTION = "What is in this picture?"
 MAX_TOKENS = 8
-
-
-def png(seed: int, size=(40, 30)) -> bytes:
-    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=torch.Generator().manual_seed(seed),
-                           dtype=torch.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels.numpy()).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def png_header(width: int, height: int) -> bytes:

@@ -7,7 +7,6 @@ shape is refused before any rule about its meaning is applied, so the reading pa
 errors at once and keeps the first rule it sees broken for after the body has been read."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Optional
 
@@ -17,7 +16,7 @@ from ..errors import ConversionError, RequestValidationError
 from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, ParsingOptions,
                        resolve_model, resolve_thinking, sampling)
-from .common import (check_format_with_tools, check_json_word, check_penalty,
+from .common import (check_format_with_tools, check_json_word, check_penalty, decoded_body,
                      check_reasoning_passed, check_seed, check_stop, check_temperature,
                      check_tool_name, check_top_logprobs, check_top_p, check_unique,
                      no_such_tool, output_constraint, read_tool_schemas)
@@ -140,17 +139,6 @@ def _required_choice(obj: dict, key: str, path: str, allowed: tuple) -> str:
 
 
 # ---- reading --------------------------------------------------------------------------------
-
-def _decoded(body: Any) -> dict:
-    if isinstance(body, (str, bytes, bytearray)):
-        try:
-            body = json.loads(body)
-        except ValueError as e:
-            raise RequestValidationError(f"body: invalid JSON ({e})") from None
-    if not isinstance(body, dict):
-        raise RequestValidationError("body: expected a JSON object")
-    return body
-
 
 def _content(content, i: int) -> list:
     """Content given as a list of parts -> message parts, the parts joined by a blank line."""
@@ -396,7 +384,7 @@ def _read_stop(raw):
 # ---- conversion -----------------------------------------------------------------------------
 
 def convert_chat(body: Any, opts: ConversionOptions) -> ConvertedRequest:
-    body = _decoded(body)
+    body = decoded_body(body)
     g = body.get
     # the fields are read in the official order, which decides the error a body with several
     # shape problems gets

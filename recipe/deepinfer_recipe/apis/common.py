@@ -38,18 +38,23 @@ def loc_str(loc: tuple) -> str:
     return out or "body"
 
 
+def decoded_body(body: Any) -> dict:
+    """A request body given as a dict, or as JSON text or bytes, as a dict."""
+    if isinstance(body, (str, bytes, bytearray)):
+        try:
+            body = json.loads(body)
+        except ValueError as e:
+            raise RequestValidationError(f"body: invalid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise RequestValidationError("body: expected a JSON object")
+    return body
+
+
 def validate(model_cls, body: Any):
     """Parse a request body (dict, str or bytes) into `model_cls`, raising
     RequestValidationError('<field>: <problem>')."""
     try:
-        if isinstance(body, (str, bytes, bytearray)):
-            try:
-                body = json.loads(body)
-            except ValueError as e:
-                raise RequestValidationError(f"body: invalid JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise RequestValidationError("body: expected a JSON object")
-        return model_cls.model_validate(body)
+        return model_cls.model_validate(decoded_body(body))
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         msg = err["msg"]
