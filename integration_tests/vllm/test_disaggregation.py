@@ -5,8 +5,9 @@ compressed records and index keys, the compressor's open group, Engram inputs) a
 Guarantees: the decode server's greedy continuation equals the core ``generate()`` on the same prompt, for
 prompts far longer than the window and crossing compression groups; every prompt token but the ones the decode
 server recomputes arrives by transfer (vLLM's ``prompt_tokens_by_source`` counters); the same holds through
-``vllm-router --vllm-pd-disaggregation``. Both servers run eagerly: compiled serving is checked against eager
-serving in test_compile.py, and two compilations would double this file's time.
+``vllm-router --vllm-pd-disaggregation``; a decode server restarted mid-run takes handoffs again. Both servers
+run eagerly: compiled serving is checked against eager serving in test_compile.py, and two compilations would
+double this file's time.
 
 Two servers on a two-core box need docs/multi_replica.md#on-a-cpu: each server's NIXL progress thread polls
 without sleeping, so it is moved to the idle scheduling class, and each server runs one unpinned OpenMP thread."""
@@ -83,23 +84,31 @@ def chat_body(rules: int) -> dict:
     return {"model": MODEL, "temperature": 0, **OFF, "messages": [{"role": "user", "content": text}]}
 
 
+def connect(prefill: str, decode: str) -> None:
+    """Hand a short prompt over until it works: the first handoff also runs NIXL's handshake, whose reply vLLM
+    waits for 5 s at most; a loaded box can miss that, and the next handoff handshakes again."""
+    for _ in range(3):
+        if handoff(prefill, decode, chat_body(2), 1).status_code == 200:
+            return
+    pytest.fail(f"no handoff succeeded; see {LOGS}/deepinfer-kv_consumer.log")
+
+
 @pytest.fixture(scope="module")
-def prefill_and_decode(checkpoint):
-    servers = [start(checkpoint, "kv_producer")]
+def servers(checkpoint):
+    """[prefill, decode] as (process, base URL); a test may replace the decode server."""
+    running = [start(checkpoint, "kv_producer")]
     try:
-        servers.append(start(checkpoint, "kv_consumer"))
-        prefill, decode = (base for _, base in servers)
-        # The first handoff also runs NIXL's handshake, whose reply vLLM waits for 5 s at most; a loaded box can
-        # miss that, and the next handoff handshakes again.
-        for attempt in range(3):
-            if handoff(prefill, decode, chat_body(2), 1).status_code == 200:
-                break
-        else:
-            pytest.fail(f"no handoff succeeded; see {LOGS}/deepinfer-kv_consumer.log")
-        yield prefill, decode
+        running.append(start(checkpoint, "kv_consumer"))
+        connect(running[0][1], running[1][1])
+        yield running
     finally:
-        for process, _ in servers:
+        for process, _ in running:
             stop_process_group(process)
+
+
+@pytest.fixture
+def prefill_and_decode(servers):
+    return servers[0][1], servers[1][1]
 
 
 def tokens_by_source(base: str) -> dict[str, float]:
@@ -139,11 +148,11 @@ def routed_body() -> dict:
 
 
 @pytest.fixture(scope="module")
-def pd_router(prefill_and_decode):
+def pd_router(servers):
     router = installed_command("vllm-router")
     if router is None:
         pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
-    prefill, decode = prefill_and_decode
+    prefill, decode = servers[0][1], servers[1][1]
     port = free_port()
     log = LOGS / "deepinfer-pd-router.log"
     process = subprocess.Popen([router, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode,
@@ -171,3 +180,15 @@ def test_router_splits_prefill_and_decode(pd_router, prefill_and_decode, core_mo
     assert at_decode.get("external_kv_transfer", 0) == len(prompt_ids) - at_decode.get("local_compute", 0)
     assert out["choices"][0]["token_ids"] == generate(core_model, prompt_ids,
                                                       SamplingParams(max_new_tokens=10, stop_token_ids=(1,)))
+
+
+def test_a_restarted_decode_server_takes_handoffs_again(servers, checkpoint, core_model):
+    stop_process_group(servers[1][0])
+    servers[1] = start(checkpoint, "kv_consumer")
+    prefill, decode = servers[0][1], servers[1][1]
+    connect(prefill, decode)
+    response = handoff(prefill, decode, chat_body(30), 8)
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["choices"][0]["token_ids"] == generate(core_model, out["prompt_token_ids"],
+                                                      SamplingParams(max_new_tokens=8, stop_token_ids=(1,)))
