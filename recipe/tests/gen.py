@@ -924,3 +924,90 @@ def combined(api: str, r: random.Random) -> tuple:
             pass  # a boundary change that assumes a request shape no longer there
     opts = {"reasoning_content_behavior": "reject"} if r.random() < 0.3 else None
     return kinds, req, opts
+
+
+# ---- images: every place an image may stand, with its detail and source kind -------------
+
+DETAILS = ["low", "high", "original", "auto"]
+
+
+def _image_ref(r: random.Random) -> str:
+    return r.choice([f"https://img.example/{r.randint(0, 99)}.png",
+                     "data:image/png;base64,iVBORw0KGgo=", "data:image/jpeg;base64,/9j/4AAQ"])
+
+
+def _image_part(api: str, r: random.Random) -> dict:
+    url = _image_ref(r)
+    if api == "chat":
+        image = {"url": url}
+        if r.random() < 0.7:
+            image["detail"] = r.choice(DETAILS)
+        return {"type": "image_url", "image_url": image}
+    if api == "responses":
+        part = {"type": "input_image", "image_url": url}
+        if r.random() < 0.7:
+            part["detail"] = r.choice(DETAILS)
+        return part
+    if url.startswith("data:"):
+        media, _, data = url[len("data:"):].partition(";base64,")
+        return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _text_part(api: str, r: random.Random) -> dict:
+    return {"type": "input_text" if api == "responses" else "text", "text": text(r)}
+
+
+def _mixed(api: str, r: random.Random, least: int = 1) -> list:
+    parts = [_image_part(api, r) for _ in range(r.randint(least, 3))]
+    parts += [_text_part(api, r) for _ in range(r.randint(0, 2))]
+    r.shuffle(parts)
+    return parts
+
+
+def images(api: str, r: random.Random) -> dict:
+    """A conversation with images in user turns, in tool results and (where the API has them in
+    messages) in system turns, several per turn, each URL or data URL with a random detail."""
+    model = r.choice(MODELS)
+    if api == "chat":
+        tools = [_chat_tool("lookup")]
+        msgs: list = []
+        if r.random() < 0.3:
+            msgs.append({"role": "system", "content": _mixed(api, r, least=0) or text(r)})
+        msgs.append({"role": "user", "content": _mixed(api, r)})
+        if r.random() < 0.6:
+            calls = [{"id": f"c{k}", "type": "function",
+                      "function": {"name": "lookup", "arguments": "{}"}} for k in range(r.randint(1, 2))]
+            msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
+            msgs += [{"role": "tool", "tool_call_id": c["id"], "content": _mixed(api, r, least=0)
+                      or text(r)} for c in calls]
+        msgs.append({"role": "user", "content": r.choice([text(r), _mixed(api, r)])})
+        return {"model": model, "messages": msgs, "tools": tools}
+    if api == "responses":
+        items: list = []
+        if r.random() < 0.3:
+            items.append({"type": "message", "role": r.choice(["system", "developer"]),
+                          "content": _mixed(api, r)})
+        items.append({"type": "message", "role": "user", "content": _mixed(api, r)})
+        if r.random() < 0.6:
+            items.append({"type": "function_call", "call_id": "c1", "name": "lookup",
+                          "arguments": "{}"})
+            items.append({"type": "function_call_output", "call_id": "c1",
+                          "output": _mixed(api, r, least=0) or text(r)})
+        items.append({"role": "user", "content": r.choice([text(r), _mixed(api, r)])})
+        return {"model": model, "input": items,
+                "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}
+    msgs = []
+    if model == "DeepSeek-V4.1-Flash" and r.random() < 0.3:
+        msgs.append({"role": "system", "content": _mixed(api, r)})
+    msgs.append({"role": "user", "content": _mixed(api, r)})
+    if r.random() < 0.6:
+        ids = [f"t{k}" for k in range(r.randint(1, 2))]
+        msgs.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": i, "name": "lookup", "input": {}} for i in ids]})
+        results = [{"type": "tool_result", "tool_use_id": i,
+                    "content": _mixed(api, r, least=0) or text(r)} for i in ids]
+        msgs.append({"role": "user", "content": results + _mixed(api, r, least=0)})
+    msgs.append({"role": "user", "content": r.choice([text(r), _mixed(api, r)])})
+    return {"model": model, "max_tokens": 64, "messages": msgs,
+            "tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}

@@ -255,3 +255,23 @@ def test_chat_json_types_match_official(fields):
     as a boolean, as in the official package; an integer is a number."""
     _assert_renders_as_official({"model": "DeepSeek-V4-Pro", "messages": [_CHAT_USER], **fields},
                                 "chat")
+
+
+IMAGE_CASES = [(api, s) for api in ("chat", "responses", "messages") for s in range(60)]
+
+
+@pytest.mark.parametrize("api,seed", IMAGE_CASES)
+def test_image_sources_match_official(api, seed):
+    """Images in every place the APIs allow them: the prompt, and each image's source kind, URL
+    or data URL, detail and request location (what a resolver fetches, sizes by detail and names
+    in its errors) are the official package's."""
+    req = gen.images(api, random.Random(50_000 + seed))
+    _assert_renders_as_official(req, api, constraint=False)
+    want = oracle.render(req, api)
+    if want[0] != "ok":
+        return
+    official = oracle.encoding(want[3]).render_conversation(want[3].conversation).image_sources
+    ours = dr.render(req, api).images
+    assert [(s.kind, s.url or s.data_url, s.detail, s.path) for s in official] == \
+        [(s.kind, s.value, s.detail, s.path) for s in ours]
+    assert official or req["model"] == "DeepSeek-V4-Pro", "V4.1 keeps every image"

@@ -143,6 +143,7 @@ def _required_choice(obj: dict, key: str, path: str, allowed: tuple) -> str:
 def _content(content, i: int) -> list:
     """Content given as a list of parts -> message parts, the parts joined by a blank line."""
     path = f"messages[{i}].content"
+    image_path = f".messages[{i}]"  # the official image path names only the message
     if content.__class__ is not list:
         raise _not_a(path, "string")
     parts: list = []
@@ -162,11 +163,11 @@ def _content(content, i: int) -> list:
             if detail.__class__ is not str or detail not in IMAGE_DETAILS:
                 raise _not_one_of(f"{where}.image_url.detail", IMAGE_DETAILS, detail)
             parts.append(ImageSource("data_url" if url.startswith("data:") else "url", url, detail,
-                                     where))
+                                     image_path))
         elif kind == "file":
             # a file the recipe cannot read: V4 shows the image stub for it, V4.1 refuses it
             parts.append(ImageSource("file", _opt_dict(p.get("file"), f"{where}.file"), "high",
-                                     where))
+                                     image_path))
         else:
             raise _unknown_tag(where, "type", PART_TYPES, p)
     return parts

@@ -139,17 +139,19 @@ def _file_id_error(where: str, path: str) -> ConversionError:
                            "data url instead.", param=path)
 
 
-def _image(b: ImageBlock, path: str, v41: bool = False, where: str = "") -> ImageSource:
-    """`where`: the block as the official messages name it, for the file_id refusal."""
+def _image(b: ImageBlock, path: str, v41: bool = False, where: str = "",
+           source_path: str = "") -> ImageSource:
+    """`where`: the block as the official messages name it, for the file_id refusal;
+    `source_path`: the image's location as the official image sources record it."""
     s = b.source
     if s.type == "file":
         # an uploaded file cannot be fetched here; V4 only shows a stub for any image
         if v41:
             raise _file_id_error(where, path)
-        return ImageSource("file", s.file_id, "high", path)
+        return ImageSource("file", s.file_id, "high", source_path)
     if s.type == "base64":
-        return ImageSource("data_url", f"data:{s.media_type};base64,{s.data}", "high", path)
-    return ImageSource("url", s.url, "high", path)
+        return ImageSource("data_url", f"data:{s.media_type};base64,{s.data}", "high", source_path)
+    return ImageSource("url", s.url, "high", source_path)
 
 
 _MISSING = ("`tool_use` ids were found without `tool_result` blocks immediately after: {}. Each "
@@ -334,7 +336,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 parts = [m.content]
             else:
                 parts = join_parts([[b.text] if b.type == "text" else [b.stub]
-                                    if b.type == "document" else [_image(b, f"{path}[{j}]")]
+                                    if b.type == "document" else
+                                    [_image(b, f"{path}[{j}]", source_path=f"messages.{i}")]
                                     for j, b in enumerate(m.content)
                                     if b.type in ("text", "document", "image")])
             if v41:
@@ -371,7 +374,7 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                                               param=f"{path}[{j}]")
                     if any(parts):
                         parts.append("\n\n")
-                    parts.append(_image(b, f"{path}[{j}]", v41))
+                    parts.append(_image(b, f"{path}[{j}]", v41, source_path=f"messages.{i}"))
             if thoughts:
                 a.reasoning_content = "\n\n".join(thoughts)
             a.parts = parts
@@ -392,7 +395,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                                             if x.type == "document" else
                                             [_image(x, f"{path}[{j}].content[{k}]", v41,
                                                    f"messages.{i}.content.{j}.tool_result"
-                                                   f".content[{k}]")]
+                                                   f".content[{k}]",
+                                                   f"messages.{i}.content.{j}.tool_result")]
                                             for k, x in enumerate(c)])
                     msgs += chunks
                     chunks = []
@@ -402,8 +406,8 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 elif b.type == "document":
                     chunks.append(Message("user", [b.stub]))
                 elif b.type == "image":
-                    chunks.append(Message("user", [_image(b, f"{path}[{j}]", v41,
-                                                          f"messages.{i}.content[{j}]")]))
+                    block = f"messages.{i}.content[{j}]"
+                    chunks.append(Message("user", [_image(b, f"{path}[{j}]", v41, block, block)]))
             msgs += chunks
     if tool_choice != "none":
         # `strict` is not read here: every schema is a JSON Schema document

@@ -220,7 +220,9 @@ class ResponsesRequest(Model):
         return data
 
 
-def _parts(content, path: str) -> list:
+def _parts(content, item_path: str) -> list:
+    """`item_path`: the input item (`input[i]`), all of an image's location that the official
+    image sources record."""
     if isinstance(content, str):
         return [content]
     chunks = []
@@ -228,7 +230,7 @@ def _parts(content, path: str) -> list:
         if p.type == "input_image":
             url = p.image_url or ""
             chunks.append([ImageSource("data_url" if url.startswith("data:") else "url", url,
-                                       p.detail, f"{path}[{i}]")])
+                                       p.detail, item_path)])
         else:
             chunks.append([p.text])
     return join_parts(chunks)
@@ -372,11 +374,11 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             if cur is None or not cur.tool_calls or \
                     all(c.id in answered for c in cur.tool_calls):
                 cur = None
-            msgs.append(Message("tool", _parts(it.output, path + ".output"),
+            msgs.append(Message("tool", _parts(it.output, path),
                                 tool_call_id=it.call_id))
         else:
             role = it.role
-            parts = _parts(it.content, path + ".content")
+            parts = _parts(it.content, path)
             if role == "assistant":
                 if v41 and any(p.__class__ is not str for p in parts):
                     raise ConversionError(f"{path}: Image in assistant message is unsupported",
