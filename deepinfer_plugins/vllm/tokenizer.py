@@ -13,7 +13,9 @@ import contextlib
 import functools
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 from PIL import Image
 from vllm.renderers.chat_utils import parse_chat_messages, parse_chat_messages_async
 from vllm.renderers.base import BaseRenderer
@@ -135,6 +137,9 @@ class DeepInferRenderer(BaseRenderer):
         for number, image in enumerate(rendered.images, 1):
             if image.kind == "data_url":
                 check_image_data_uri(image.value, f"image {number} of the request")
+            elif urlsplit(image.value).scheme == "file" and not self.model_config.allowed_local_media_path:
+                raise ValueError(f"image {number} of the request: file URLs are refused; the server reads local "
+                                 "files only under its --allowed-local-media-path")
         return rendered
 
     def _tokenizer_path(self) -> str:
@@ -153,9 +158,14 @@ def _engine_prompt(rendered, conversation, mm_data, mm_uuids):
 
 @contextlib.contextmanager
 def _image_errors():
-    """A fetched image past PIL's decompression-bomb threshold as the client's 400, not the 500 vLLM answers for
-    an exception it does not know (data URIs are checked before, by ``check_image_data_uri``)."""
+    """Failures that come from the request's image URLs as the client's 400, not the 500 vLLM answers for an
+    exception it does not treat as the client's: a host that cannot be reached or does not answer in time (vLLM
+    keeps these as server errors for retry logic, but no retry of the same request fetches them), and a fetched
+    image past PIL's decompression-bomb threshold. Data URIs are checked before, by ``check_image_data_uri``;
+    an HTTP 4xx from the image host stays vLLM's 422."""
     try:
         yield
     except Image.DecompressionBombError as exc:
         raise ValueError(f"an image of the request cannot be loaded: {exc}") from None
+    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        raise ValueError(f"an image URL of the request cannot be fetched: {exc or type(exc).__name__}") from None

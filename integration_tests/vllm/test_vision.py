@@ -7,15 +7,18 @@ one prompt land in their order; a repeated image is served from the prefix cache
 same size is not mistaken for it. Bad images get a 400 whose message names the image and its problem, and the
 server keeps serving: corrupt base64, a payload that is no image, a format vLLM refuses to decode, an image past
 the pixel limit (``VLLM_MAX_IMAGE_PIXELS``), more images than ``--limit-mm-per-prompt`` allows (the session
-server allows 2). A checkpoint converted without its vision tensors serves text and refuses images with a 400
+server allows 2). An http image URL is fetched and answered like the same image sent inline; one the server cannot
+reach, one its host answers with 404, and a local file URL (no ``--allowed-local-media-path``) get a 4xx. A checkpoint converted without its vision tensors serves text and refuses images with a 400
 that names the missing tower.
 """
 
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import struct
+import threading
 import zlib
 
 import httpx
@@ -210,6 +213,58 @@ def test_pixel_limit_is_vllm_max_image_pixels(monkeypatch):
     check_image_data_uri(data_uri(png(1, size=(40, 25))), "image 1")
     with pytest.raises(ValueError, match=r"image 1: the image is 40 x 26 = 1040 pixels, over the limit of 1000"):
         check_image_data_uri(data_uri(png(1, size=(40, 26))), "image 1")
+
+
+class ImageHost(http.server.BaseHTTPRequestHandler):
+    """Serves ``png(21)`` at /noise.png and 404 elsewhere: an image URL the server fetches over http."""
+
+    def do_GET(self):  # noqa: N802 - the handler name http.server calls
+        if self.path != "/noise.png":
+            self.send_error(404)
+            return
+        body = png(21)
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ImageHost)
+    thread = threading.Thread(target=host.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{host.server_address[1]}"
+    host.shutdown()
+
+
+def test_image_url_is_fetched_and_answered_like_the_same_data_uri(openai_client, core_model, image_host):
+    fetched = image_chat(openai_client, f"{image_host}/noise.png")
+    assert fetched[:2] == image_chat(openai_client, data_uri(png(21)))[:2]
+    assert fetched[1] == core_greedy(core_model, fetched[0], png(21), MAX_TOKENS)
+
+
+def unfetchable_urls(image_host: str) -> dict[str, tuple[str, int, str]]:
+    """name -> (an image URL the server cannot or may not fetch, the status, what the message must say). A 4xx
+    from the image host is vLLM's 422; the rest are the client's 400."""
+    return {"not found": (f"{image_host}/missing.png", 422, "Failed to fetch media from URL: HTTP 404 error"),
+            "connection refused": (f"http://127.0.0.1:{free_port()}/noise.png", 400,
+                                   "an image URL of the request cannot be fetched: Cannot connect to host"),
+            "local file": ("file:///etc/hostname", 400, "image 1 of the request: file URLs are refused")}
+
+
+@pytest.mark.parametrize("name", ["not found", "connection refused", "local file"])
+def test_image_url_the_server_cannot_fetch_is_a_4xx(server, openai_client, image_host, name):
+    url, status, message = unfetchable_urls(image_host)[name]
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": image_content([url])}]}
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    assert message in r.json()["error"]["message"], r.text[:500]
+    assert image_chat(openai_client, data_uri(png(5)))[1]
 
 
 @pytest.fixture(scope="module")
