@@ -4,6 +4,8 @@ from .conversation import (Conversation, ImageSource, Message, ModelVersion, Rol
 from .convert import (RenderResult, convert, render, render_chat, render_messages,
                       render_responses)
 from .errors import ConversionError, RecipeError, RequestValidationError, TokenizerError
+from .images import (ImageBudget, ImageError, ImageGrid, ImageQuota, ResolvedImage, image_token_adjustment,
+                     plan_image_grid, resolve_images)
 from .output import parse
 from .parse import (ContentDelta, ParseError, ParseResult, ReasoningDelta, StreamParser,
                     ToolCallArgsDelta, ToolCallEnd, ToolCallStart)
@@ -18,6 +20,8 @@ __all__ = [
     "Conversation", "ImageSource", "Message", "ModelVersion", "Role", "ToolCall", "ToolDefinition",
     "RenderResult", "convert", "render", "render_chat", "render_messages", "render_responses",
     "ConversionError", "RecipeError", "RequestValidationError", "TokenizerError",
+    "ImageBudget", "ImageError", "ImageGrid", "ImageQuota", "ResolvedImage", "image_token_adjustment",
+    "plan_image_grid", "resolve_images",
     "ConversionOptions", "ConvertedRequest", "InferenceOptions", "ParsingOptions",
     "parse", "StreamParser", "ParseResult", "ParseError", "ReasoningDelta", "ContentDelta",
     "ToolCallStart", "ToolCallArgsDelta", "ToolCallEnd", "ChatBuilder", "MessagesBuilder",

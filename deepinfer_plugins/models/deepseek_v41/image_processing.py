@@ -1,20 +1,22 @@
 """Image preprocessing: the one place that turns an image into the vision tower's patches and its span length.
 
-``plan_image_grid`` is plain arithmetic on the image's size (no pixels, no torch), so token accounting can size a
-prompt without decoding; ``preprocess_image`` decodes, resizes and normalises to the planned grid. Both follow the
-resize policy of docs/model.md#image-preprocessing: upscale small images to ``min_pixels``, round up to whole
-patches, and shrink to the ``max_image_tokens`` budget when the span would not fit.
+``plan_image_grid`` is plain arithmetic on the image's size (no pixels, no torch), kept in the recipe so that its
+token accounting sizes a prompt as the engines lay it out; ``preprocess_image`` decodes, resizes and normalises to
+the planned grid. Both follow the resize policy of docs/model.md#image-preprocessing: upscale small images to
+``min_pixels``, round up to whole patches, and shrink to the ``max_image_tokens`` budget when the span would not
+fit.
 """
 
 from __future__ import annotations
 
 import io
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from deepinfer_recipe import images
+from deepinfer_recipe.images import ImageGrid
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .args import VisionArgs
@@ -24,63 +26,14 @@ PAD_GREY = (127, 127, 127)
 """Fill of the letterbox around an aspect-preserving fit (docs/model.md#image-preprocessing)."""
 
 
-@dataclass(frozen=True)
-class ImageGrid:
-    """Where one image lands: its resized size in pixels, its patch grid and its grid of LM embeddings."""
-
-    height: int
-    width: int
-    patch_rows: int
-    patch_cols: int
-    rows: int
-    cols: int
-
-    @property
-    def span_length(self) -> int:
-        """Token positions of the image's span: start, each row of embeddings plus a newline, end."""
-        return self.rows * (self.cols + 1) + 2
-
-
-def _grid(height: int, width: int, vision: VisionArgs) -> ImageGrid:
-    p, r = vision.patch_size, vision.downsample_ratio
-    patch_rows, patch_cols = height // p, width // p
-    return ImageGrid(height, width, patch_rows, patch_cols, -(-patch_rows // r), -(-patch_cols // r))
-
-
-def plan_image_grid(width: int, height: int, vision: VisionArgs) -> ImageGrid:
-    """The grid an image of ``width`` x ``height`` pixels is resized to. Raises VisionInputError for an empty
-    image or one that cannot fit the token budget."""
-    if width <= 0 or height <= 0:
-        raise VisionInputError(f"image size must be positive, got {width} x {height}")
-    p, budget = vision.patch_size, vision.max_image_tokens
-    w, h = width, height
-    if vision.max_wh_ratio is not None and w > h * vision.max_wh_ratio:
-        w = h * vision.max_wh_ratio  # very wide images are squeezed to the widest allowed aspect
-    if w * h < vision.min_pixels:
-        grow = math.sqrt(vision.min_pixels / (w * h))
-        w, h = int(w * grow), int(h * grow)
-    grid = _grid(math.ceil(h / p) * p, math.ceil(w / p) * p, vision)
-    if grid.span_length > budget:
-        grid = _fit_budget(w, h, vision)
-    if min(grid.height, grid.width) <= 0 or grid.span_length > budget:
-        raise VisionInputError(f"a {width} x {height} image cannot fit max_image_tokens={budget}")
-    return grid
-
-
-def _fit_budget(w: float, h: float, vision: VisionArgs) -> ImageGrid:
-    """The largest grid of the image's aspect whose span fits the budget: with rows = aspect * cols, the span
-    rows * (cols + 1) + 2 reaches the budget at cols = sqrt((budget - 2) / aspect + 1/4) - 1/2."""
-    p, budget = vision.patch_size, vision.max_image_tokens
-    cell = p * vision.downsample_ratio  # pixels per LM embedding along each side
-    aspect = h / w
-    max_cols = math.sqrt((budget - 2) / aspect + 0.25) - 0.5
-    max_rows = max_cols * aspect
-    if max_cols < 1:  # taller than the budget allows even one column wide: one column of as many rows as fit
-        return _grid((budget - 2) // 2 * cell, cell, vision)
-    if max_rows < 1:  # the wide counterpart: one row
-        return _grid(cell, (budget - 3) * cell, vision)
-    scale = min(math.floor(max_cols) * cell / w, math.floor(max_rows) * cell / h)
-    return _grid(math.floor(h * scale / p) * p, math.floor(w * scale / p) * p, vision)
+def plan_image_grid(width: int, height: int, vision: VisionArgs, detail: str = "high") -> ImageGrid:
+    """The grid an image of ``width`` x ``height`` pixels is resized to: the recipe's ``plan_image_grid``, the
+    one copy of the arithmetic (the recipe sizes prompts with it). Raises VisionInputError for an empty image or
+    one that cannot fit the token budget."""
+    try:
+        return images.plan_image_grid(width, height, vision, detail)
+    except images.ImageSizeError as exc:
+        raise VisionInputError(str(exc)) from None
 
 
 @dataclass(frozen=True)
