@@ -1011,3 +1011,31 @@ def images(api: str, r: random.Random) -> dict:
     msgs.append({"role": "user", "content": r.choice([text(r), _mixed(api, r)])})
     return {"model": model, "max_tokens": 64, "messages": msgs,
             "tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}
+
+
+# ---- Chat tool answers: stray, repeated and missing answers, file parts in tool results ---
+
+def tool_answers(r: random.Random) -> dict:
+    """Assistant turns with one to three calls, each followed by answers drawn from its own ids,
+    ids of other turns and unknown ids, in any order, repeated or left out, some carrying a
+    file part (which V4.1 refuses in any message)."""
+    msgs: list = [{"role": "user", "content": text(r)}]
+    seen: list = []
+    for turn in range(r.randint(1, 3)):
+        ids = [f"c{turn}_{k}" for k in range(r.randint(1, 3))]
+        seen += ids
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]})
+        answers = list(ids) if r.random() < 0.6 else r.sample(ids, r.randint(0, len(ids)))
+        if r.random() < 0.4:
+            answers.insert(r.randint(0, len(answers)), r.choice(seen + ["zz"]))
+        r.shuffle(answers)
+        for i in answers:
+            content = text(r)
+            if r.random() < 0.15:
+                content = [{"type": "text", "text": text(r)},
+                           {"type": "file", "file": r.choice([{"file_id": "f1"}, {}])}]
+            msgs.append({"role": "tool", "tool_call_id": i, "content": content})
+        if r.random() < 0.7:
+            msgs.append({"role": "user", "content": text(r)})
+    return {"model": r.choice(MODELS), "messages": msgs, "tools": [_chat_tool("f")]}

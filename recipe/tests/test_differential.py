@@ -275,3 +275,12 @@ def test_image_sources_match_official(api, seed):
     assert [(s.kind, s.url or s.data_url, s.detail, s.path) for s in official] == \
         [(s.kind, s.value, s.detail, s.path) for s in ours]
     assert official or req["model"] == "DeepSeek-V4-Pro", "V4.1 keeps every image"
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_chat_tool_answers_match_official(seed):
+    """Which tool messages answer which calls (a stray or repeated answer while calls are open
+    is named as an unanswered id; after every call is answered it has nothing to answer), and
+    V4.1's refusal of file parts in tool messages: the official prompt or error."""
+    _assert_renders_as_official(gen.tool_answers(random.Random(60_000 + seed)), "chat",
+                                constraint=False)

@@ -206,16 +206,27 @@ def _insufficient(i: int) -> ConversionError:
         param=f"messages[{i}].tool_calls")
 
 
+def _has_file(content, parts: list) -> bool:
+    return content.__class__ is list and any(p.__class__ is ImageSource and p.kind == "file" for p in parts)
+
+
+def _file_problem(i: int) -> ConversionError:
+    """V4.1 reads no file part, whatever the part holds (the official message says otherwise)."""
+    return ConversionError(f".messages[{i}]: file must have a file_id or file_data", param=f"messages[{i}]")
+
+
 def _read_messages(src: list, v41: bool) -> tuple:
     """-> (messages, the first broken rule or None, whether the last message is an assistant
     prefix). The rules kept are those the official package checks in message order after
-    reading: each tool message answers a call of the assistant turn just before it, each call
-    is answered before the next turn, an assistant turn has content or calls, only the last
-    message may be a prefix, and V4.1 reads no file part and no image in an assistant turn."""
+    reading: each tool message answers a call of the assistant turn just before it that is not
+    answered yet, each call is answered before the next turn, an assistant turn has content or
+    calls, only the last message may be a prefix, and V4.1 reads no file part (in any message)
+    and no image in an assistant turn."""
     msgs = []
     last = len(src) - 1
     problem = prefix_problem = None
-    open_ids = need = None  # call ids the current run of tool messages answers, and those unanswered
+    need = None  # call ids of the current assistant turn not answered yet
+    answered: set = set()  # and those answered
     caller = 0  # index of the assistant turn that made them
     last_prefix = False
     for i, m in enumerate(src):
@@ -239,23 +250,32 @@ def _read_messages(src: list, v41: bool) -> tuple:
             if call_id is not None and call_id.__class__ is not str:
                 raise _not_a(f"messages[{i}].tool_call_id", "string")
             if problem is None:
-                if open_ids is None or call_id not in open_ids:
+                if need and call_id in need:
+                    need.discard(call_id)
+                    answered.add(call_id)
+                elif need and call_id in answered:
+                    problem = ConversionError(f"Duplicate value for 'tool_call_id' of {call_id} in "
+                                              f"message[{i}]", param=f"messages[{i}].tool_call_id")
+                elif need:  # calls still unanswered: the stray answer is named as one of them
+                    problem = ConversionError(
+                        "An assistant message with 'tool_calls' must be followed by tool messages "
+                        "responding to each 'tool_call_id', The following tool_call_ids did not have "
+                        f"response messages: {call_id}", param=f"messages[{caller}].tool_calls")
+                else:  # no call open, or every call answered already (a second answer too)
                     problem = ConversionError("Messages with role 'tool' must be a response to a "
                                               "preceding message with 'tool_calls'",
                                               param=f"messages[{i}]")
-                else:
-                    need.discard(call_id)
+            if problem is None and v41 and _has_file(content, parts):
+                problem = _file_problem(i)
             msgs.append(Message("tool", parts, None, None, call_id))
             continue
 
         if problem is None:
             if need:
                 problem = _insufficient(caller)
-            elif v41 and content.__class__ is list and \
-                    any(p.__class__ is ImageSource and p.kind == "file" for p in parts):
-                problem = ConversionError(f".messages[{i}]: file must have a file_id or file_data",
-                                          param=f"messages[{i}]")
-            open_ids = need = None
+            elif v41 and _has_file(content, parts):
+                problem = _file_problem(i)
+            need = None
         if role != "assistant":
             # a system message with nothing in it is left out
             if role != "system" or (parts and parts != [""]):
@@ -286,8 +306,7 @@ def _read_messages(src: list, v41: bool) -> tuple:
                 problem = ConversionError("Invalid assistant message: content or tool_calls must "
                                           "be set", param=f"messages[{i}]")
             elif calls:
-                open_ids = {c.id for c in calls}
-                need = set(open_ids)
+                need, answered = {c.id for c in calls}, set()
                 caller = i
         if prefix:
             if i == last:
