@@ -1039,3 +1039,81 @@ def tool_answers(r: random.Random) -> dict:
         if r.random() < 0.7:
             msgs.append({"role": "user", "content": text(r)})
     return {"model": r.choice(MODELS), "messages": msgs, "tools": [_chat_tool("f")]}
+
+
+# ---- Responses tool search, and deferred tools in every API -------------------------------
+
+def _found_tool(r: random.Random, k: int) -> dict:
+    fn = {"type": "function", "name": f"found_{k}", "parameters": schema(r)}
+    if r.random() < 0.5:
+        fn["description"] = text(r)
+    kind = r.random()
+    if kind < 0.2:
+        return {"type": "namespace", "name": f"ns{k}", "tools": [fn],
+                **({"description": text(r)} if r.random() < 0.5 else {})}
+    if kind < 0.25:
+        return {"type": "custom", "name": "apply_patch"}
+    return fn
+
+
+def tool_search(r: random.Random) -> dict:
+    """Client-run tool searches in a Responses history: calls with their arguments, outputs
+    (answered in any order, alone or beside function calls of the same turn) listing the
+    functions, namespaces and custom tools found; sometimes with request tools."""
+    items: list = [{"role": "user", "content": text(r)}]
+    k = 0
+    for turn in range(r.randint(1, 2)):
+        if r.random() < 0.3:
+            items.append({"type": "reasoning", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": text(r)}]})
+        calls = [{"type": "tool_search_call", "call_id": f"s{turn}_{j}",
+                  "arguments": r.choice([{"query": text(r)}, {"query": text(r), "limit": 3}, {}])}
+                 for j in range(r.randint(1, 2))]
+        outputs = []
+        for c in calls:
+            found = [_found_tool(r, k + j) for j in range(r.randint(0, 2))]
+            k += len(found)
+            outputs.append({"type": "tool_search_output", "call_id": c["call_id"], "tools": found})
+        if r.random() < 0.3:
+            calls.append({"type": "function_call", "call_id": f"f{turn}", "name": "lookup",
+                          "arguments": "{}"})
+            outputs.append({"type": "function_call_output", "call_id": f"f{turn}", "output": text(r)})
+        r.shuffle(outputs)
+        if r.random() < 0.1:
+            outputs.pop()  # a call left unanswered
+        items += calls + outputs
+        if r.random() < 0.6:
+            items.append({"role": "user", "content": text(r)})
+    req = {"model": r.choice(MODELS), "input": items}
+    tools = [{"type": "function", "name": "lookup", "parameters": schema(r)}]
+    if r.random() < 0.5:
+        tools.insert(0, {"type": "tool_search"})
+    if r.random() < 0.3:
+        tools.append({"type": "function", "name": "later", "parameters": schema(r), "defer_loading": True})
+    if r.random() < 0.8:
+        req["tools"] = tools
+    return req
+
+
+def deferred_tools(api: str, r: random.Random) -> dict:
+    """Function tools with `defer_loading` in the places each API's clients put it."""
+    tools = []
+    for k in range(r.randint(1, 3)):
+        defer = r.random() < 0.5
+        if api == "chat":
+            fn = {"name": f"t{k}", "parameters": schema(r)}
+            tool = {"type": "function", "function": fn}
+            if defer:
+                (fn if r.random() < 0.5 else tool)["defer_loading"] = True
+        elif api == "responses":
+            tool = {"type": "function", "name": f"t{k}", "parameters": schema(r),
+                    **({"defer_loading": True} if defer else {})}
+        else:
+            tool = {"name": f"t{k}", "input_schema": schema(r), **({"defer_loading": True} if defer else {})}
+        tools.append(tool)
+    model = r.choice(MODELS)
+    if api == "chat":
+        return {"model": model, "messages": [{"role": "user", "content": text(r)}], "tools": tools}
+    if api == "responses":
+        return {"model": model, "input": text(r), "tools": tools}
+    return {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": text(r)}], "tools": tools}

@@ -284,3 +284,18 @@ def test_chat_tool_answers_match_official(seed):
     V4.1's refusal of file parts in tool messages: the official prompt or error."""
     _assert_renders_as_official(gen.tool_answers(random.Random(60_000 + seed)), "chat",
                                 constraint=False)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_tool_search_matches_official(seed):
+    """V4.1 renders a tool search call as a call of `tool_search`, its output as a tool result
+    followed by a system turn announcing the tools found (callable from then on, constrained
+    as deferred tools); V4 drops both. Prompt, output constraint or error as the official."""
+    _assert_renders_as_official(gen.tool_search(random.Random(70_000 + seed)), "responses")
+
+
+@pytest.mark.parametrize("api,seed", [(api, s) for api in ("chat", "responses", "messages") for s in range(40)])
+def test_deferred_tools_match_official(api, seed):
+    """`defer_loading` hides a tool from the prompt's schemas in Messages only; Chat and
+    Responses list every function (and constrain none as deferred)."""
+    _assert_renders_as_official(gen.deferred_tools(api, random.Random(80_000 + seed)), api)

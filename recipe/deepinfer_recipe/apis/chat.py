@@ -348,12 +348,10 @@ def _read_tools(raw) -> list:
         strict = f.get("strict")
         if strict is not None and strict.__class__ is not bool:
             raise _not_a(f"tools[{i}].function.strict", "boolean")
-        defer = t.get("defer_loading", False)
-        if defer.__class__ is not bool:
-            raise _not_a(f"tools[{i}].defer_loading", "boolean")
-        # the parameters are read (and a strict tool's normalised) into a copy of their own
+        # the parameters are read (and a strict tool's normalised) into a copy of their own;
+        # `defer_loading` is not read: the official package lists every Chat tool
         tools.append(ToolDefinition(name, description, None if parameters is None else
-                                    dict(parameters), strict, defer))
+                                    dict(parameters), strict))
     return tools
 
 

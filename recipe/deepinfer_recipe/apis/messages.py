@@ -292,7 +292,12 @@ def convert_messages(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 raise ConversionError(f"tools[{i}]: server tools are not supported", param=f"tools[{i}]")
             continue
         check_tool_name(t.name, f"tools[{i}].name")
-        tools.append(make_tool(t.name, t.description, t.input_schema, t.strict, t.defer_loading))
+        # V4.1 announces a deferred tool only when it is loaded; V4 lists every tool
+        tools.append(make_tool(t.name, t.description, t.input_schema, t.strict,
+                               t.defer_loading and version is ModelVersion.V41))
+    if tools and all(t.defer_loading for t in tools):
+        raise ConversionError("tools: at least one tool must have defer_loading=false. All tools cannot be "
+                              "deferred.", param="tools")
     if not req.messages:
         raise ConversionError("messages: at least one message is required", param="messages")
     check_pairing(req.messages, version is ModelVersion.V41)

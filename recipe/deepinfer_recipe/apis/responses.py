@@ -10,6 +10,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from ..conversation import Conversation, ImageSource, Message, ModelVersion, ToolCall, join_parts
 from ..errors import ConversionError, RequestValidationError
+from ..jsonfmt import compact
 from ..strict import check_document, normalise
 from ..options import (ConversionOptions, ConvertedRequest, InferenceOptions, resolve_model,
                        resolve_thinking, sampling)
@@ -101,6 +102,23 @@ class WebSearchCallItem(Model):
     type: Literal["web_search_call"]
 
 
+class ToolSearchCallItem(Model):
+    """A client-run tool search: V4.1 shows it as a call of `tool_search` with the arguments."""
+
+    type: Literal["tool_search_call"]
+    call_id: str
+    arguments: dict[str, Any]
+
+
+class ToolSearchOutputItem(Model):
+    """The tools a tool search found (the `Tool` union, defined below): its result, and from
+    then on tools the model may call."""
+
+    type: Literal["tool_search_output"]
+    call_id: str
+    tools: list["Tool"]
+
+
 class OtherItem(Model):
     """Any other item (a stored item reference, a hosted tool's call or output, an MCP
     exchange...): state held by another server, nothing of it can be rendered, and the
@@ -124,7 +142,8 @@ def _by_type(members: dict, fallback: tuple[str, type], missing: str | None = No
 
 _ITEMS = {"message": MessageItem, "reasoning": ReasoningItem, "function_call": FunctionCallItem,
           "function_call_output": FunctionCallOutputItem, "custom_tool_call": CustomToolCallItem,
-          "custom_tool_call_output": CustomToolCallOutputItem, "web_search_call": WebSearchCallItem}
+          "custom_tool_call_output": CustomToolCallOutputItem, "web_search_call": WebSearchCallItem,
+          "tool_search_call": ToolSearchCallItem, "tool_search_output": ToolSearchOutputItem}
 Item = _by_type(_ITEMS, ("other", OtherItem), missing="message")
 
 
@@ -163,6 +182,9 @@ class HostedTool(Model):
 
 Tool = _by_type({"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool,
                  "web_search": WebSearchTool, "web_search_preview": WebSearchTool}, ("hosted", HostedTool))
+
+
+ToolSearchOutputItem.model_rebuild()
 
 
 class NamedTool(Model):
@@ -248,20 +270,30 @@ def qualified(ns: str, name: str, v41: bool) -> str:
 def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = True):
     """-> (tools, namespace_tool_map). Namespace tools become `ns::name` (V4.1, description
     `ns description\nfunction description`) or `ns__name` (V4, function description only;
-    `ns_x` when the seam already has an underscore)."""
+    `ns_x` when the seam already has an underscore). A function's `defer_loading` is not read:
+    the official package lists every function of the request."""
     tools, ns_map = [], {}
     # a namespace function whose name is taken (by a function tool, or by an earlier
     # namespace function) is numbered: name_1, name_2...
     taken = {t.name for t in req.tools or () if t.type == "function"}
-    for i, t in enumerate(req.tools or []):
+    add_tools(req.tools or [], "tools", opts, v41, tools, ns_map, taken, deferred=False)
+    return tools, ns_map
+
+
+def add_tools(given: list, where: str, opts: ConversionOptions, v41: bool, tools: list, ns_map: dict,
+              taken: set, deferred: bool) -> list:
+    """Append the tools of `given` (the request's, or those a tool search loaded, which are
+    `deferred`: callable, but announced where they were loaded) to `tools`; -> the new ones."""
+    first = len(tools)
+    for i, t in enumerate(given):
         if t.type in ("function", "namespace"):
-            check_tool_name(t.name, f"tools[{i}].name")
+            check_tool_name(t.name, f"{where}[{i}].name")
         if t.type == "namespace":
             for j, f in enumerate(t.tools):
-                check_tool_name(f.name, f"tools[{i}].tools[{j}].name")
+                check_tool_name(f.name, f"{where}[{i}].tools[{j}].name")
             check_unique((f.name for f in t.tools), "Tool names within a namespace must be unique.")
         if t.type == "function":
-            tools.append(make_tool(t.name, t.description, t.parameters, t.strict, t.defer_loading))
+            tools.append(make_tool(t.name, t.description, t.parameters, t.strict, deferred))
         elif t.type == "namespace":
             for f in t.tools:
                 full = base = qualified(t.name, f.name, v41)
@@ -276,18 +308,55 @@ def flatten_tools(req: ResponsesRequest, opts: ConversionOptions, v41: bool = Tr
                         else f.description
                 else:
                     desc = f.description
-                tools.append(make_tool(full, desc, f.parameters, f.strict, f.defer_loading))
+                tools.append(make_tool(full, desc, f.parameters, f.strict, deferred))
                 ns_map[full] = (t.name, f.name)
         elif t.type == "custom":
             if t.name != "apply_patch":
                 raise ConversionError(f"Unsupported custom tool: '{t.name}'. Only 'apply_patch' "
-                                      "is supported.", param=f"tools[{i}]")
+                                      "is supported.", param=f"{where}[{i}]")
             ap = APPLY_PATCH["v41" if v41 else "v4"]
-            tools.append(make_tool(ap["name"], ap["description"], ap["parameters"]))
+            tools.append(make_tool(ap["name"], ap["description"], ap["parameters"], None, deferred))
         elif t.type in ("web_search", "web_search_preview"):
             if opts.responses_web_search == "reject":
-                raise ConversionError(f"tools[{i}]: web_search is not supported", param=f"tools[{i}]")
-    return tools, ns_map
+                raise ConversionError(f"{where}[{i}]: web_search is not supported", param=f"{where}[{i}]")
+    return tools[first:]
+
+
+def tool_search_result(found: list) -> str:
+    """A tool search output as its tool result: the tools as found, compact JSON, each function
+    of a namespace on its own with the namespace named beside it."""
+    rows: list = []
+    for t in found:
+        if t.type == "function":
+            rows.append(_found_function(t))
+        elif t.type == "namespace":
+            rows += [dict(_found_function(f), namespace={"name": t.name, "description": t.description or ""})
+                     for f in t.tools]
+        else:
+            rows.append({"type": t.type, "name": t.name} if t.type == "custom" else {"type": t.type})
+    return compact(rows)
+
+
+def _found_function(f: FunctionTool) -> dict:
+    return {"type": "function", "name": f.name, "description": f.description, "parameters": f.parameters,
+            "strict": f.strict}
+
+
+def after_tool_results(msgs: list) -> list:
+    """The tools loaded by tool searches are announced in a system turn after the run of tool
+    results they arrived in (several searches answered together: their results, then each
+    announcement in order)."""
+    out: list = []
+    pending: list = []
+    for m in msgs:
+        if m.role == "system" and m.tools is not None and out and out[-1].role == "tool":
+            pending.append(m)
+            continue
+        if m.role != "tool" and pending:
+            out += pending
+            pending = []
+        out.append(m)
+    return out + pending
 
 
 def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
@@ -323,6 +392,22 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     called: set = set()  # call ids seen so far, and those already answered
     answered: set = set()
 
+    loaded: list = []  # the function and custom tools tool searches found
+
+    def answer(call_id: str, path: str) -> None:
+        """An output answers exactly one call made before it."""
+        nonlocal cur
+        if call_id not in called:
+            raise ConversionError(f"No tool call found for tool output with call_id "
+                                  f"{call_id}.", param=path)
+        if call_id in answered:
+            raise ConversionError(f"Duplicate tool output for call_id: {call_id}.", param=path)
+        answered.add(call_id)
+        # while calls of the current turn are unanswered, a further call still belongs to
+        # that turn (its outputs are listed after it)
+        if cur is None or not cur.tool_calls or all(c.id in answered for c in cur.tool_calls):
+            cur = None
+
     def read_item(i: int, it) -> None:
         nonlocal cur, reasoning
         at[0] = i
@@ -354,6 +439,25 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
                 name = qualified(it.namespace, name, v41)
             a.tool_calls = (a.tool_calls or []) + [ToolCall(it.call_id, name, args)]
             called.add(it.call_id)
+        elif t == "tool_search_call":
+            if not v41:
+                return  # V4 has no tool search: dropped like another server's call
+            if it.call_id in called:
+                raise ConversionError(f"Duplicate 'call_id': {it.call_id}.", param=path)
+            a = assistant(False)
+            a.tool_calls = (a.tool_calls or []) + [
+                ToolCall(it.call_id, "tool_search", json.dumps(it.arguments, ensure_ascii=False))]
+            called.add(it.call_id)
+        elif t == "tool_search_output":
+            if not v41:
+                return
+            answer(it.call_id, path)
+            found = add_tools(it.tools, f"{path}.tools", opts, v41, tools, ns_map, {x.name for x in tools},
+                              deferred=True)
+            loaded.extend(x for x in it.tools if x.type in ("function", "custom"))
+            msgs.append(Message("tool", [tool_search_result(it.tools)], tool_call_id=it.call_id))
+            if found:
+                msgs.append(Message("system", [], tools=found))
         elif t == "web_search_call":
             # a hosted call with nothing to render: it belongs to the assistant turn like a
             # message does, so after function calls it opens the next turn
@@ -361,19 +465,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         elif t not in _ITEMS:
             return
         elif t in ("function_call_output", "custom_tool_call_output"):
-            # an output answers exactly one call made before it
-            if it.call_id not in called:
-                raise ConversionError(f"No tool call found for tool output with call_id "
-                                      f"{it.call_id}.", param=path)
-            if it.call_id in answered:
-                raise ConversionError(f"Duplicate tool output for call_id: {it.call_id}.",
-                                      param=path)
-            answered.add(it.call_id)
-            # while calls of the current turn are unanswered, a further call still belongs
-            # to that turn (its outputs are listed after it)
-            if cur is None or not cur.tool_calls or \
-                    all(c.id in answered for c in cur.tool_calls):
-                cur = None
+            answer(it.call_id, path)
             msgs.append(Message("tool", _parts(it.output, path),
                                 tool_call_id=it.call_id))
         else:
@@ -401,15 +493,16 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
             read_item(i, it)
         except ConversionError as e:
             # calls and outputs continue a batch; any other item ends it
-            stop = (e, it.type not in ("function_call", "custom_tool_call",
-                                       "function_call_output", "custom_tool_call_output"))
+            stop = (e, it.type not in ("function_call", "custom_tool_call", "tool_search_call",
+                                       "function_call_output", "custom_tool_call_output",
+                                       "tool_search_output"))
             break
     for k, m in enumerate(msgs):
         if m.role == "assistant" and m.tool_calls:
             outs = set()
             j = k + 1
-            while j < len(msgs) and msgs[j].role == "tool":
-                outs.add(msgs[j].tool_call_id)
+            while j < len(msgs) and (msgs[j].role == "tool" or msgs[j].tools is not None):
+                outs.add(msgs[j].tool_call_id)  # (a loaded tools' announcement answers nothing)
                 j += 1
             if j == len(msgs) and stop is not None and not stop[1]:
                 break  # the batch was still open when reading stopped
@@ -422,8 +515,8 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         raise stop[0]
     # an assistant turn built from items that carry nothing (a web search call, reasoning
     # without text) is not rendered
-    msgs = [m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
-            or m.reasoning_content is not None or id(m) in kept]
+    msgs = after_tool_results([m for m in msgs if m.role != "assistant" or m.parts or m.tool_calls
+                               or m.reasoning_content is not None or id(m) in kept])
     check_reasoning_passed(msgs, thinking, opts, "reasoning_text", empty_ok=False,
                            has_tools=bool(tools))
     max_tokens = req.max_output_tokens
@@ -434,7 +527,14 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
     all_tools = tools
     tc = req.tool_choice
     if tc != "none":
-        read_tool_schemas(tools, tc)
+        # the request's tools, then those tool searches loaded (the only deferred ones here)
+        read_tool_schemas([t for t in tools if not t.defer_loading], tc)
+        found = [t for t in tools if t.defer_loading]
+        if found:
+            read_tool_schemas(found, tc)
+            if len({bool(t.strict) for t in tools}) > 1:
+                raise ConversionError("Cannot use strict tool with non-strict tool in the same request",
+                                      param="input")
     tool_choice = "auto"
     if isinstance(tc, str):
         tool_choice = tc
@@ -443,7 +543,7 @@ def convert_responses(body: Any, opts: ConversionOptions) -> ConvertedRequest:
         tool_choice = "required"
     if tool_choice != "none":
         # a namespace is its own name space: its functions are rendered qualified
-        check_unique(t.name for t in req.tools or () if t.type in ("function", "custom"))
+        check_unique(t.name for t in [*(req.tools or ()), *loaded] if t.type in ("function", "custom"))
     if tool_choice == "required" and not tools and isinstance(tc, NamedTool):
         raise no_such_tool(tc.name)
 
