@@ -160,8 +160,8 @@ def _engine_prompt(rendered, conversation, mm_data, mm_uuids):
 def _image_errors():
     """Failures that come from the request's image URLs as the client's 400, not the 500 vLLM answers for an
     exception it does not treat as the client's: a host that cannot be reached or does not answer in time (vLLM
-    keeps these as server errors for retry logic, but no retry of the same request fetches them), and a fetched
-    image past PIL's decompression-bomb threshold. Data URIs are checked before, by ``check_image_data_uri``;
+    keeps these as server errors for retry logic, but the server is healthy: the client's URL is what failed, as
+    OpenAI's API answers it), and a fetched image past PIL's decompression-bomb threshold. Data URIs are checked before, by ``check_image_data_uri``;
     an HTTP 4xx from the image host stays vLLM's 422."""
     try:
         yield
