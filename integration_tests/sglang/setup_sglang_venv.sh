@@ -2,7 +2,7 @@
 # Build (or refresh) the SGLang test environment `.venv-sglang` at the repo root.
 #
 # Idempotent: re-running reuses the venv, skips the SGLang install when the wanted version is
-# already there, and re-installs deepinfer editable (cheap). SGLang 0.5.23 installs on a CPU box
+# already there, and re-installs deepinfer and the recipe editable (cheap). SGLang 0.5.23 installs on a CPU box
 # (~11 GB with CUDA torch + NVIDIA libs); imports and registries work, serving does not.
 #
 # Env knobs:
@@ -37,13 +37,14 @@ fi
 step "installing pytest"
 logged pip install pytest
 
-# 3. deepinfer, editable, without re-resolving its deps: `--no-deps` so pip never touches the
+# 3. deepinfer and the recipe it depends on (the image grid arithmetic lives there), editable,
+#    without re-resolving their deps: `--no-deps` so pip never touches the
 #    torch that sglang pinned (2.14.1+cu130, a local version no index here serves, so it must not
 #    be named in a requirement). Our other runtime deps do not depend on torch; check it stayed.
 torch_ver="$("${py}" -c 'import torch; print(torch.__version__)')"
-step "installing deepinfer (editable, --no-deps) from ${repo_root}; torch stays ${torch_ver}"
-logged pip install safetensors pydantic pluggy tqdm numpy
-logged pip install --no-deps -e "${repo_root}"
+step "installing deepinfer and deepinfer-recipe (editable, --no-deps) from ${repo_root}; torch stays ${torch_ver}"
+logged pip install safetensors pydantic pluggy tqdm numpy tokenizers
+logged pip install --no-deps -e "${repo_root}/recipe" -e "${repo_root}"
 torch_after="$("${py}" -c 'import torch; print(torch.__version__)')"
 if [[ "${torch_after}" != "${torch_ver}" ]]; then
   echo "torch changed from ${torch_ver} to ${torch_after} while installing deepinfer" >&2
@@ -55,6 +56,7 @@ step "checking imports"
 "${py}" - <<'PY'
 import importlib.metadata as md
 import sglang, torch
+import deepinfer_plugins.models.deepseek_v41  # the core, with the recipe it imports
 print(f"sglang {sglang.__version__}  torch {torch.__version__}  cuda available: {torch.cuda.is_available()}")
 eps = {e.name: e.value for e in md.entry_points(group="sglang.srt.plugins")}
 print("sglang.srt.plugins:", eps)
