@@ -35,8 +35,9 @@ LONG_STREAMS = 4
 LONG_TOOLS = 260  # ~6.0K prompt tokens with the V4 tokenizer
 
 
-def stream(client: OpenAI, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int, int]:
-    """-> (TTFT seconds, total seconds, generated tokens, prompt tokens) of one streamed request."""
+def stream(client: OpenAI, model: str, prompt: str | list[dict], max_tokens: int) -> tuple[float, float, int, int]:
+    """-> (TTFT seconds, total seconds, generated tokens, prompt tokens) of one streamed request whose user
+    message is ``prompt`` (text, or content parts)."""
     start = time.perf_counter()
     first, tokens, prompt_tokens = None, 0, 0
     for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],

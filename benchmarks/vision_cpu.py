@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import io
 import statistics
 import sys
 import tempfile
@@ -29,29 +28,21 @@ from pathlib import Path
 
 import torch
 from openai import OpenAI
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.serve_cpu import stream  # noqa: E402
 from deepinfer_plugins.cli import launch_server, stop_process_group  # noqa: E402
 from deepinfer_plugins.models.deepseek_v41.args import ModelArgs, preset_config  # noqa: E402
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint  # noqa: E402
 from deepinfer_plugins.models.deepseek_v41.image_processing import preprocess_image  # noqa: E402
 from deepinfer_plugins.models.deepseek_v41.vision import Aligner, VisionTransformer, image_span, llm_grid  # noqa: E402
+from integration_tests.images import png  # noqa: E402
 
 TOWER_SIZES = ((544, 544), (1024, 768), (1920, 1080))
 SERVED_IMAGE = (96, 64)
-OFF = {"chat_template_kwargs": {"thinking": False}}
-
-
-def noise_png(seed: int, size: tuple[int, int]) -> bytes:
-    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=torch.Generator().manual_seed(seed),
-                           dtype=torch.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels.numpy()).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 class ReleasedTower(torch.nn.Module):
@@ -80,7 +71,7 @@ def tower_rows(layers: int, repeats: int) -> list[dict]:
     model = ReleasedTower(layers).eval()
     rows = []
     for i, size in enumerate(TOWER_SIZES):
-        image = noise_png(i, size)
+        image = png(i, size)
         times, prep = [], []
         with torch.inference_mode():
             for _ in range(repeats):
@@ -100,20 +91,13 @@ def tower_rows(layers: int, repeats: int) -> list[dict]:
 
 
 def ttft(client: OpenAI, content, max_tokens: int = 2) -> tuple[float, int]:
-    """-> (seconds to the first streamed token, prompt tokens) of one chat request."""
-    start, first, prompt_tokens = time.perf_counter(), None, 0
-    for chunk in client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}],
-                                                max_tokens=max_tokens, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}, extra_body=OFF):
-        if chunk.choices and chunk.choices[0].delta.content and first is None:
-            first = time.perf_counter() - start
-        if chunk.usage:
-            prompt_tokens = chunk.usage.prompt_tokens
-    return first if first is not None else time.perf_counter() - start, prompt_tokens
+    """-> (seconds to the first streamed token, prompt tokens) of one chat request (serve_cpu's client)."""
+    first, _, _, prompt_tokens = stream(client, "m", content, max_tokens)
+    return first, prompt_tokens
 
 
 def image_content(seed: int) -> list[dict]:
-    url = f"data:image/png;base64,{base64.b64encode(noise_png(1000 + seed, SERVED_IMAGE)).decode()}"
+    url = f"data:image/png;base64,{base64.b64encode(png(1000 + seed, SERVED_IMAGE)).decode()}"
     return [{"type": "text", "text": f"Picture {seed}: what is in it?"},
             {"type": "image_url", "image_url": {"url": url}}]
 

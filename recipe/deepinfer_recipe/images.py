@@ -190,9 +190,14 @@ def _prefix(path: str) -> str:
     return f"{path}: " if path else ""
 
 
-def _unsupported(kind: str, source: ImageSource) -> ImageError:
+def _image_error(kind: str, source: ImageSource, problem: str) -> ImageError:
+    """An error about the one image a source holds, named `{path}.image[0]` as the official package does."""
     where = f"{source.path}.image[0]" if source.path else "image[0]"
-    return ImageError(kind, f"{where}: {UNSUPPORTED}", source.path or None)
+    return ImageError(kind, f"{where}: {problem}", source.path or None)
+
+
+def _unsupported(kind: str, source: ImageSource) -> ImageError:
+    return _image_error(kind, source, UNSUPPORTED)
 
 
 def _resolve(source: ImageSource, fetch: Callable[[str], bytes], budget) -> ResolvedImage:
@@ -247,7 +252,5 @@ def _source_bytes(source: ImageSource, fetch: Callable[[str], bytes]) -> bytes:
         try:
             return fetch(url)
         except Exception:  # noqa: BLE001 - any failure of the download is the client's unfetchable URL
-            where = f"{source.path}.image[0]" if source.path else "image[0]"
-            raise ImageError("Fetch", f"{where}: Failed to download image from {url}",
-                             source.path or None) from None
+            raise _image_error("Fetch", source, f"Failed to download image from {url}") from None
     raise _unsupported("UnsupportedMediaType", source)  # a file reference: nothing to read here
