@@ -7,7 +7,8 @@ Triton, a compiled extension or ``torch_npu``. A backend that cannot load is ski
 
 Selection, per call, by the device of the first tensor argument: ``cuda`` tries the upstream wrappers (deepgemm,
 flashinfer), then our cuda kernels, then triton; ``npu`` tries ascend (torch_npu), then triton (where triton-ascend
-is installed); everything falls back to ``reference``.
+is installed); ``cpu`` tries vLLM's CPU kernels (where a vLLM CPU build is installed); everything falls back to
+``reference``.
 A backend declines a call outside its kernel's shapes or formats by returning ``NotImplemented``, and the next
 choice takes it, so no backend needs to know which one follows it. ``DEEPINFER_OP_BACKEND`` forces a choice
 (then only that backend and the reference are tried): either one backend name for every op (``triton``) or a
@@ -32,7 +33,7 @@ hookspec = pluggy.HookspecMarker("deepinfer")
 hookimpl = pluggy.HookimplMarker("deepinfer")
 
 DEVICE_PREFERENCE = {"cuda": ("deepgemm", "flashinfer", "cuda", "triton"), "npu": ("ascend", "triton"),
-                     "cpu": ()}
+                     "cpu": ("vllm",)}
 
 
 class OpBackendError(RuntimeError):
