@@ -134,11 +134,28 @@ def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Top-k ids per row of scores [T, N] sorted ascending; slots whose score is -inf become -1. -> [T, k].
 
-    Ties go to the lower entry id."""
-    n = scores.shape[-1]
-    values, ids = stable_topk(scores, k)
-    ids = torch.where(torch.isneginf(values), torch.full_like(ids, n), ids).sort(dim=-1).values
-    ids = torch.where(ids == n, torch.full_like(ids, -1), ids)
+    Ties go to the lower entry id: the set is the first k of a stable descending sort. It is found with two
+    top-k passes instead of sorting whole rows (at long context a row holds thousands of entries): the entries
+    above the row's k-th largest score are all in the plain top-k, and the places left go to the entries equal to
+    that score, lowest id first. A NaN score takes no place (its places stay -1)."""
+    t, n = scores.shape
+    kept_per_row = min(k, n)
+    if kept_per_row:
+        values, top_ids = scores.topk(kept_per_row, dim=-1)
+        threshold = values[:, -1:]
+        above = values > threshold
+        entry = torch.arange(n, dtype=torch.float32, device=scores.device)
+        tie_key = torch.where(scores == threshold, -entry, float("-inf"))  # larger for a lower id
+        tie_values, tie_ids = tie_key.topk(kept_per_row, dim=-1)
+        places_left = kept_per_row - above.sum(dim=-1, keepdim=True)
+        tie_in = (torch.arange(kept_per_row, device=scores.device) < places_left) & (tie_values > float("-inf"))
+        chosen = torch.cat((torch.where(above, top_ids, n), torch.where(tie_in, tie_ids, n)), dim=-1)
+        ids = chosen.sort(dim=-1).values[:, :kept_per_row]
+        finite = torch.isfinite(scores.gather(1, ids.clamp(max=n - 1)))
+        ids = torch.where(finite & (ids < n), ids, n).sort(dim=-1).values
+        ids = torch.where(ids == n, torch.full_like(ids, -1), ids)
+    else:
+        ids = torch.empty(t, 0, dtype=torch.int64, device=scores.device)
     if ids.shape[-1] < k:
         ids = torch.cat((ids, ids.new_full((ids.shape[0], k - ids.shape[-1]), -1)), dim=-1)
     return ids

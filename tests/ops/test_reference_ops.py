@@ -96,6 +96,28 @@ def test_topk_indices_sorted_padded_and_ties_to_lower_id():
     assert ops.topk_indices(scores[:, :2], 3).tolist() == [[0, 1, -1], [-1, -1, -1]]
 
 
+def sorted_topk_definition(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """top-k ids by their definition: the first k of a stable descending sort, -inf dropped, ascending, -1 padded."""
+    ids = scores.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+    rows = [sorted(i for i in row.tolist() if scores[r, i] != float("-inf")) for r, row in enumerate(ids)]
+    return torch.tensor([row + [-1] * (k - len(row)) for row in rows], dtype=torch.int64).view(len(rows), k)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_indices_is_the_stable_sort_definition_under_heavy_ties(seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(150):
+        t, n, k = (int(torch.randint(0, hi, (1,), generator=g)) for hi in (5, 40, 45))
+        scores = torch.randint(-3, 4, (t, n), generator=g).float()  # seven values: ties at every threshold
+        scores[torch.rand(t, n, generator=g) < 0.3] = float("-inf")
+        assert torch.equal(ops.topk_indices.reference(scores, k), sorted_topk_definition(scores, k)), (scores, k)
+
+
+def test_topk_indices_gives_nan_scores_no_place():
+    scores = torch.tensor([[1.0, float("nan"), 2.0, 0.5], [float("nan")] * 4])
+    assert ops.topk_indices.reference(scores, 3).tolist() == [[0, 2, -1], [-1, -1, -1]]
+
+
 def test_candidate_mask_keeps_the_newest_block_and_the_best_blocks():
     inf = float("-inf")
     scores = torch.tensor([[5.0, 0.0, 1.0, 1.0, 0.0, 0.0, -9.0, inf]])  # blocks of 2: 5, 1, 0, -9(newest)
