@@ -440,7 +440,13 @@ def _echo_function(t) -> dict:
             "parameters": _get(t, "parameters"), "strict": _get(t, "strict")}
 
 
+WEB_SEARCH_TOOLS = ("web_search", "web_search_2025_08_26")
+USER_LOCATION_FIELDS = ("city", "country", "region", "timezone")
+
+
 def _echo_tools(tools) -> list:
+    """The request's tools as the response echoes them: the fields each kind keeps, in the official order;
+    tool kinds the model never sees (file search, MCP, hosted shells, web_search_preview, ...) are left out."""
     out = []
     for t in tools or []:
         kind = _get(t, "type")
@@ -452,7 +458,12 @@ def _echo_tools(tools) -> list:
                         "tools": [_echo_function(x) for x in _get(t, "tools") or []]})
         elif kind == "custom":
             out.append({"type": "custom", "name": _get(t, "name")})
-        else:
+        elif kind == "tool_search":
+            out.append({"type": "tool_search", "execution": _get(t, "execution"),
+                        "description": _get(t, "description"), "parameters": _get(t, "parameters")})
+        elif kind in WEB_SEARCH_TOOLS:
+            location = _get(t, "user_location")
             out.append({"type": kind, "search_context_size": _get(t, "search_context_size"),
-                        "user_location": _get(t, "user_location")})
+                        "user_location": None if location is None else
+                        {field: _get(location, field) for field in USER_LOCATION_FIELDS}})
     return out

@@ -172,3 +172,34 @@ def test_hypothesis_outputs_match_official(name, frags, cuts, fin):
         i += n
         k += 1
     _check(req, "chat", pieces, fin)
+
+
+ECHOED_TOOLS = [
+    {"type": "tool_search"},
+    {"type": "tool_search", "execution": "client", "description": "find tools", "extra": 1,
+     "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},
+    {"type": "tool_search", "execution": "server"},
+    {"type": "web_search", "search_context_size": "low",
+     "user_location": {"type": "approximate", "city": "Paris", "timezone": "Europe/Paris", "extra": 1}},
+    {"type": "web_search", "user_location": {}},
+    {"type": "web_search", "user_location": None, "filters": {"allowed_domains": ["a.com"]}},
+    {"type": "web_search_2025_08_26", "search_context_size": "high"},
+    {"type": "web_search_preview"}, {"type": "web_search_preview_2025_03_11"}, {"type": "apply_patch"},
+    {"type": "file_search", "vector_store_ids": ["x"]}, {"type": "mcp", "server_label": "s"},
+    {"type": "code_interpreter"}, {"type": "image_generation"}, {"type": "local_shell"}, {"type": "shell"},
+    {"type": "computer_use_preview"}, {"type": "custom", "name": "apply_patch", "description": "d"},
+    {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "defer_loading": True},
+    {"type": "namespace", "name": "ns", "description": "n", "tools": [{"type": "function", "name": "g"}]},
+]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_responses_tool_echo_matches_official(seed):
+    """The response echoes each tool kind with the official fields (tool_search: execution, description,
+    parameters; web search: a normalised user_location) and leaves out the kinds the model never sees."""
+    r = random.Random(90_000 + seed)
+    tools = r.sample(ECHOED_TOOLS, r.randint(1, 5))
+    req = {"model": r.choice(["DeepSeek-V4.1-Flash", "DeepSeek-V4-Pro"]), "tools": tools,
+           "input": [{"role": "user", "content": "hi"}]}
+    if not _rejected(req, "responses"):
+        _check(req, "responses", ["hel", "lo"], "stop")
