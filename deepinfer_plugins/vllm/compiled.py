@@ -4,12 +4,13 @@ vLLM traces a model with torch.compile only through modules decorated with ``sup
 trace once, during a warm-up run without attention metadata, then reuse the graph for every step (CPU's
 DYNAMO_TRACE_ONCE). So the traced body must hold no branch on the metadata, no per-request Python and no host
 read. ``CompiledBody`` runs the core model's ``opaque_cache_hidden_states`` (embedding, mHC, norms, MoE, final
-norm: the one copy of the math) and leaves each layer's attention, with all its cache work (window writes and
-reads, compressor inputs and entries, indexer selection, sparse attention over the cache records), to one op,
-``deepinfer::v41_attention``, and the Engram row ids (which read the token history from the window cache) to
-``deepinfer::v41_engram_ids``. Like vLLM's own attention op they take only tensors and the layer name, find
-the step through vLLM's forward context and run eagerly (the core's ``Attention.forward`` over the step's
-chunks); their fake implementations give the traced graph its shapes. Both are added to vLLM's splitting ops,
+norm: the one copy of the math) with each layer's attention as ``Attention.forward_all_rows``: the query and
+window-latent projections, RoPE and the output projection stay in the traced graph, and all the cache work
+between them (window writes and reads, compressor inputs and entries, indexer selection, sparse attention over
+the cache records: ``Attention.attend_cached``) is one op, ``deepinfer::v41_attention``. The Engram row ids
+(which read the token history from the window cache) are ``deepinfer::v41_engram_ids``. Like vLLM's own
+attention op they take only tensors and the layer name, find the step through vLLM's forward context and run
+eagerly over the step's chunks; their fake implementations give the traced graph its shapes. Both are added to vLLM's splitting ops,
 so a piecewise (GPU) compile splits the graph there as it does around its own attention.
 
 The step's chunks are built once per step before the body runs (``PagedSteps.begin``, host metadata from
@@ -82,19 +83,21 @@ def attach_steps(core, windows) -> PagedSteps:
 
 
 @torch.library.custom_op(ATTENTION_OP, mutates_args=())
-def _attention(x: torch.Tensor, layer_name: str) -> torch.Tensor:
+def _attention(x: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, q_latent: torch.Tensor,
+               latents: torch.Tensor, layer_name: str) -> torch.Tensor:
     owner = get_forward_context().no_compile_layers[layer_name]
     step = owner.steps.current()
-    out = torch.zeros_like(x)
+    out = torch.zeros_like(q)
     if step is not None and step.chunks:
         n = step.num_tokens
-        out[:n] = owner.steps.core.layers[owner.layer_id].attn(x[:n], step.chunks)
+        out[:n] = owner.steps.core.layers[owner.layer_id].attn.attend_cached(
+            x[:n], positions[:n], x[:n], positions[:n], q[:n], q_latent[:n], latents[:n], step.chunks)
     return out
 
 
 @_attention.register_fake
-def _attention_fake(x, layer_name):
-    return torch.empty_like(x)
+def _attention_fake(x, positions, q, q_latent, latents, layer_name):
+    return torch.empty_like(q)
 
 
 @torch.library.custom_op(ENGRAM_OP, mutates_args=())
@@ -120,7 +123,7 @@ def compiles(vllm_config) -> bool:
     return dspark_tokens(vllm_config) == 0
 
 
-@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "inputs_embeds": 0}, enable_if=compiles)
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0}, enable_if=compiles)
 class CompiledBody(nn.Module):
     """The traced part of the forward: token ids -> final hidden states [rows, d], cache work opaque. With image
     inputs vLLM hands every step its input embeddings (images merged), and the token ids beside them."""
@@ -134,10 +137,17 @@ class CompiledBody(nn.Module):
         if splitting_ops:  # piecewise compile: split at our ops as at vLLM's attention
             splitting_ops.extend(op for op in (ATTENTION_OP, ENGRAM_OP) if op not in splitting_ops)
 
-    def forward(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         engram_ids = None
         if self.engram_shape[0]:
             engram_ids = torch.ops.deepinfer.v41_engram_ids(input_ids, self.layer_names[0], *self.engram_shape)
-        return self.core.opaque_cache_hidden_states(
-            input_ids, engram_ids, lambda layer_id, x: torch.ops.deepinfer.v41_attention(x, self.layer_names[layer_id]),
-            inputs_embeds)
+
+        def attention(layer_id: int, x: torch.Tensor) -> torch.Tensor:
+            def attend(q, q_latent, latents):
+                return torch.ops.deepinfer.v41_attention(x, positions, q, q_latent, latents,
+                                                         self.layer_names[layer_id])
+
+            return self.core.layers[layer_id].attn.forward_all_rows(x, positions, attend)
+
+        return self.core.opaque_cache_hidden_states(input_ids, engram_ids, attention, inputs_embeds)

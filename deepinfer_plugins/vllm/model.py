@@ -160,7 +160,7 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module, SupportsMultiModal):
         if self.context_cache is None:
             if step is not None:
                 self.model.check_tokens(input_ids[: step.num_tokens], with_image_embeds=inputs_embeds is not None)
-            hidden = self.body(input_ids, inputs_embeds)
+            hidden = self.body(input_ids, positions, inputs_embeds)
         else:
             hidden = self._forward_with_drafter(input_ids, inputs_embeds, step)
         if step is not None:

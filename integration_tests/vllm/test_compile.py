@@ -59,7 +59,7 @@ def test_body_traces_without_graph_breaks_and_gives_the_eager_steps(core_model):
         with override_forward_context(context):
             forward = steps.begin(lambda m: paged_forward(args, input_ids, positions, m, paged.windows,
                                                           paged.compressed, paged.inputs))
-            actual = compiled(input_ids)
+            actual = compiled(input_ids, positions)
             forward.audit.verify()
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

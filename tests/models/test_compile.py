@@ -1,7 +1,8 @@
 """The core model compiles into one graph once its cache work is opaque.
 
-``DeepseekV41Model.opaque_cache_hidden_states`` is the body engines hand to torch.compile: the attention of each
-layer (every cache read and write) behind an opaque op the engine supplies, the routed experts behind
+``DeepseekV41Model.opaque_cache_hidden_states`` is the body engines hand to torch.compile: each layer's
+attention as ``Attention.forward_all_rows``, its projections traced and its cache work (every cache read and
+write, ``attend_cached``) behind an opaque op the engine supplies, the routed experts behind
 ``deepinfer::moe_experts`` (ops/opaque.py). Guarantees: dynamo traces it with fullgraph=True and no graph
 break, and the compiled body gives ``hidden_states``' result for a prefill and for the decode steps after it.
 The attention op here is a test-local custom op over the core's in-memory caches; vLLM's is in
@@ -20,13 +21,24 @@ _step: dict = {}  # what the test op reads: the model and this step's chunks
 
 
 @torch.library.custom_op("deepinfer_test::attend", mutates_args=())
-def _attend(x: torch.Tensor, layer_id: int) -> torch.Tensor:
-    return _step["model"].layers[layer_id].attn(x, _step["chunks"])
+def _attend(x: torch.Tensor, positions: torch.Tensor, q: torch.Tensor, q_latent: torch.Tensor, latents: torch.Tensor,
+            layer_id: int) -> torch.Tensor:
+    return _step["model"].layers[layer_id].attn.attend_cached(x, positions, x, positions, q, q_latent, latents,
+                                                              _step["chunks"])
 
 
 @_attend.register_fake
-def _(x, layer_id):
-    return torch.empty_like(x)
+def _(x, positions, q, q_latent, latents, layer_id):
+    return torch.empty_like(q)
+
+
+def attention(model, positions):
+    """A layer's attention as engines compile it: projections traced, the cache work behind the test op."""
+    def attend(layer_id, x):
+        return model.layers[layer_id].attn.forward_all_rows(
+            x, positions, lambda q, q_latent, latents: torch.ops.deepinfer_test.attend(x, positions, q, q_latent,
+                                                                                     latents, layer_id))
+    return attend
 
 
 def test_moe_experts_op_matches_the_registry_op(tiny256):
@@ -47,9 +59,8 @@ def test_body_compiles_without_graph_breaks_and_matches_eager(tiny256):
     torch._dynamo.reset()
     counters.clear()
 
-    def body(token_ids, engram_ids):
-        return model.opaque_cache_hidden_states(token_ids, engram_ids,
-                                                lambda layer_id, x: torch.ops.deepinfer_test.attend(x, layer_id))
+    def body(token_ids, engram_ids, positions):
+        return model.opaque_cache_hidden_states(token_ids, engram_ids, attention(model, positions))
 
     compiled = torch.compile(body, backend="eager", fullgraph=True, dynamic=True)
     eager_cache, compiled_cache = model.new_cache(), model.new_cache()
@@ -62,7 +73,7 @@ def test_body_compiles_without_graph_breaks_and_matches_eager(tiny256):
                                   [stop - start])
         _step.update(model=model, chunks=chunks)
         with torch.no_grad():
-            actual = compiled(rows, engram_ids)
+            actual = compiled(rows, engram_ids, torch.arange(start, stop))
         compiled_cache.advance(rows)
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
@@ -78,10 +89,8 @@ def test_body_with_image_embeddings_compiles_and_matches_eager(tiny256):
     torch._dynamo.reset()
     counters.clear()
 
-    def body(token_ids, engram_ids, inputs_embeds):
-        return model.opaque_cache_hidden_states(token_ids, engram_ids,
-                                                lambda layer_id, x: torch.ops.deepinfer_test.attend(x, layer_id),
-                                                inputs_embeds)
+    def body(token_ids, engram_ids, positions, inputs_embeds):
+        return model.opaque_cache_hidden_states(token_ids, engram_ids, attention(model, positions), inputs_embeds)
 
     compiled = torch.compile(body, backend="eager", fullgraph=True, dynamic=True)
     eager_cache, compiled_cache = model.new_cache(), model.new_cache()
@@ -97,7 +106,7 @@ def test_body_with_image_embeddings_compiles_and_matches_eager(tiny256):
                                   [stop - start])
         _step.update(model=model, chunks=chunks)
         with torch.no_grad():
-            actual = compiled(rows, engram_ids, model.input_embeddings(rows, image_rows))
+            actual = compiled(rows, engram_ids, torch.arange(start, stop), model.input_embeddings(rows, image_rows))
         compiled_cache.advance(rows)
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

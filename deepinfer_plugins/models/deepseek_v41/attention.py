@@ -9,6 +9,7 @@ index source, reuse = neither). Output: inverse RoPE, then the grouped low-rank 
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 
 import torch
 from torch import nn
@@ -257,21 +258,38 @@ class Attention(nn.Module):
         q, q_latent = self.queries(x_query, all_query_pos)
         key_x = torch.cat(key_rows)
         latents = self.window_latents(key_x, all_key_pos)
+        o = self.attend_cached(key_x, all_key_pos, x_query, all_query_pos, q, q_latent, latents, chunks)
+        return self.project_out(self.rotate(o, all_query_pos, inverse=True))
+
+    def forward_all_rows(self, x: torch.Tensor, positions: torch.Tensor,
+                         attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``forward`` where every row is a query row (engines that compile the model): the projections and RoPE
+        around ``attend(q, q_latent, latents) -> o``, which runs ``attend_cached`` behind an opaque op."""
+        q, q_latent = self.queries(x, positions)
+        o = attend(q, q_latent, self.window_latents(x, positions))
+        return self.project_out(self.rotate(o, positions, inverse=True))
+
+    def attend_cached(self, key_x: torch.Tensor, key_pos: torch.Tensor, x_query: torch.Tensor,
+                      query_pos: torch.Tensor, q: torch.Tensor, q_latent: torch.Tensor, latents: torch.Tensor,
+                      chunks: list[SequenceChunk]) -> torch.Tensor:
+        """What ``forward`` does between the projections, all the cache work: the window write, the compressor
+        and index keys, the indexer's selection and the sparse attention -> o [query rows, heads, head_dim],
+        still rotated. Its own method so that a compiling engine keeps the projections in its graph and makes
+        only this opaque (vllm/compiled.py)."""
         store = store_of(chunks, self.window)
         if self.is_kv_source:
-            self.publish_compressed(key_x, all_key_pos, chunks, store)
+            self.publish_compressed(key_x, key_pos, chunks, store)
         window_cache, window_slots = store.window_keys(self.layer_id, latents, chunks)
         if self.ratio:
             source = self.args.kv_source_of[self.layer_id]
             compressed_cache, compressed_slots = store.compressed_slots(
-                source, self.select_compressed(x_query, q_latent, all_query_pos, source, store, chunks), chunks)
+                source, self.select_compressed(x_query, q_latent, query_pos, source, store, chunks), chunks)
         else:
             compressed_cache = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
-                                           device=x.device)
+                                           device=key_x.device)
             compressed_slots = window_slots[:, :0]
-        o = ops.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
-                                         self.attn_sink, self.softmax_scale)
-        return self.project_out(self.rotate(o, all_query_pos, inverse=True))
+        return ops.sparse_attention_records(q, window_cache, window_slots, compressed_cache, compressed_slots,
+                                            self.attn_sink, self.softmax_scale)
 
     def select_compressed(self, x_query: torch.Tensor, q_latent: torch.Tensor, query_pos: torch.Tensor, source: int,
                           store, chunks: list[SequenceChunk]) -> torch.Tensor:
