@@ -103,7 +103,24 @@ def sparse_attention(
     Returns o [T, H, D] (fp32 softmax, result in q's dtype). The sink joins the softmax with a zero value
     vector, so a query with no valid key returns zeros. Serves single-token decode and multi-token
     verification alike: each query row carries its own key set.
+
+    Rows run in tiles whose gathered keys fit in about ``KEY_TILE_BYTES``: a prefill chunk's [T, K, D] keys
+    (200 MB for 2048 rows at K = 192, D = 128) would otherwise be written to memory and read back twice. Every
+    row is computed on its own, so the tiling does not change a bit of the result.
     """
+    rows_per_tile = max(1, KEY_TILE_BYTES // max(1, indices.shape[-1] * kv_pool.shape[-1] * 4))
+    if q.shape[0] > rows_per_tile:
+        return torch.cat([sparse_attention_rows(q[start: start + rows_per_tile], kv_pool,
+                                                indices[start: start + rows_per_tile], sink, softmax_scale)
+                          for start in range(0, q.shape[0], rows_per_tile)])
+    return sparse_attention_rows(q, kv_pool, indices, sink, softmax_scale)
+
+
+KEY_TILE_BYTES = 2 << 20
+
+
+def sparse_attention_rows(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor,
+                          softmax_scale: float) -> torch.Tensor:
     valid = indices >= 0
     keys = kv_pool[indices.clamp(min=0)].float()  # [T, K, D]
     logits = torch.einsum("thd,tkd->thk", q.float(), keys) * softmax_scale

@@ -141,6 +141,21 @@ def test_sparse_attention_matches_dense_softmax_with_sink():
     assert torch.allclose(out[0], expected, atol=1e-6)
 
 
+def test_sparse_attention_rows_do_not_depend_on_their_tile():
+    """Long batches run in row tiles; each row's output is bit for bit what it gets alone."""
+    from deepinfer_plugins.ops.reference import KEY_TILE_BYTES
+
+    g = torch.Generator().manual_seed(4)
+    keys, dim = 96, 64
+    rows = 3 * KEY_TILE_BYTES // (keys * dim * 4) + 5  # four tiles, the last one short
+    q, pool = torch.randn(rows, 4, dim, generator=g), torch.randn(300, dim, generator=g)
+    indices, sink = torch.randint(-1, 300, (rows, keys), generator=g), torch.randn(4, generator=g)
+    out = ops.sparse_attention.reference(q, pool, indices, sink, 0.3)
+    for row in (0, rows // 2, rows - 1):
+        assert torch.equal(out[row], ops.sparse_attention.reference(q[row: row + 1], pool, indices[row: row + 1],
+                                                                    sink, 0.3)[0])
+
+
 def test_router_renormalises_selected_scores_and_bias_only_steers():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     bias = torch.tensor([10.0, 0.0, 0.0, 0.0])
