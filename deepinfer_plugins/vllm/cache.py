@@ -269,6 +269,26 @@ class WindowPlan:
     query: torch.Tensor  # [query rows, W] each query row's window slots, -1 = none
 
 
+@dataclass
+class WindowRows:
+    """A step's window rows as (request, position) pairs on the device, the same for every block table: vLLM
+    may give each window layer its own cache group, and only the slots differ between them."""
+
+    new: torch.Tensor  # [2, key rows] (request, position) of every new key row
+    new_meta: torch.Tensor  # int32 [key rows, 2]: its token id and position
+    context: torch.Tensor  # [2, c] the earlier positions the queries read
+    context_positions: torch.Tensor  # [c] (host) the same positions
+    query_requests: torch.Tensor  # [query rows]
+    wanted: torch.Tensor  # [query rows, W] each query row's window positions, negative before its sequence
+
+    def plan(self, owner: CacheOwner, table: torch.Tensor) -> WindowPlan:
+        query = owner.batch_slots(table, self.query_requests[:, None].expand_as(self.wanted),
+                                  self.wanted.clamp(min=0))
+        return WindowPlan(new=owner.batch_slots(table, *self.new), new_meta=self.new_meta,
+                          context=owner.batch_slots(table, *self.context), context_positions=self.context_positions,
+                          query=torch.where(self.wanted >= 0, query, -1))
+
+
 class PagedStep:
     """``BatchStore`` of one vLLM step: every request's window keys and compressed entries, a layer at a time.
 
@@ -288,6 +308,7 @@ class PagedStep:
         self.compressed_owner = {s: owner for owner in compressed.values() for s in owner.sources}
         self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
         self.plans: dict[tuple, WindowPlan] = {}
+        self.window_rows: dict[tuple, WindowRows] = {}
         self.requests: dict[tuple, torch.Tensor] = {}
 
     def columns(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,28 +400,25 @@ class PagedStep:
 
     def plan(self, owner: CacheOwner, chunks: list[SequenceChunk]) -> WindowPlan:
         table = self.metadata[owner.layer_name].block_table
-        key = (table.data_ptr(), owner.rows_per_block,
-               tuple((c.state.request, c.start_pos, c.num_rows, c.num_query_rows) for c in chunks))
+        rows = tuple((c.state.request, c.start_pos, c.num_rows, c.num_query_rows) for c in chunks)
+        key = (table.data_ptr(), owner.rows_per_block, rows)
         if key not in self.plans:
-            self.plans[key] = self.new_plan(owner, table, chunks)
+            if rows not in self.window_rows:
+                self.window_rows[rows] = self.new_window_rows(chunks, table.device)
+            self.plans[key] = self.window_rows[rows].plan(owner, table)
         return self.plans[key]
 
-    def new_plan(self, owner: CacheOwner, table: torch.Tensor, chunks: list[SequenceChunk]) -> WindowPlan:
+    def new_window_rows(self, chunks: list[SequenceChunk], device: torch.device) -> "WindowRows":
         ends = [c.start_pos + c.num_rows for c in chunks]
         host = {"new": ranges_rows([(c.state.request, c.start_pos, end) for c, end in zip(chunks, ends)]),
                 "context": ranges_rows([(c.state.request, oldest_window_key(c, self.window), c.start_pos)
                                         for c in chunks]),
                 "query": ranges_rows([(c.state.request, c.first_query_pos, end) for c, end in zip(chunks, ends)])}
-        device = to_device(torch.cat(list(host.values()), dim=1), table.device)
-        (new_req, new_pos), (context_req, context_pos), (query_req, query_pos) = device.split(
+        new, context, query = to_device(torch.cat(list(host.values()), dim=1), device).split(
             [host[part].shape[1] for part in ("new", "context", "query")], dim=1)
-        wanted = window_positions(query_pos, chunks, self.window)
-        query = owner.batch_slots(table, query_req[:, None].expand_as(wanted), wanted.clamp(min=0))
-        new = owner.batch_slots(table, new_req, new_pos)
         tokens = torch.cat([chunk.state.token_ids[chunk.start_pos - chunk.state.num_tokens:] for chunk in chunks])
-        return WindowPlan(new=new, new_meta=torch.stack((tokens, new_pos), dim=1).to(torch.int32),
-                          context=owner.batch_slots(table, context_req, context_pos),
-                          context_positions=host["context"][1], query=torch.where(wanted >= 0, query, -1))
+        return WindowRows(new, torch.stack((tokens, new[1]), dim=1).to(torch.int32), context, host["context"][1],
+                          query[0], window_positions(query[1], chunks, self.window))
 
 
 class PagedSequenceState:
