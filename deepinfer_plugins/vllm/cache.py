@@ -408,7 +408,7 @@ class PagedStep:
             self.plans[key] = self.window_rows[rows].plan(owner, table)
         return self.plans[key]
 
-    def new_window_rows(self, chunks: list[SequenceChunk], device: torch.device) -> "WindowRows":
+    def new_window_rows(self, chunks: list[SequenceChunk], device: torch.device) -> WindowRows:
         ends = [c.start_pos + c.num_rows for c in chunks]
         host = {"new": ranges_rows([(c.state.request, c.start_pos, end) for c, end in zip(chunks, ends)]),
                 "context": ranges_rows([(c.state.request, oldest_window_key(c, self.window), c.start_pos)

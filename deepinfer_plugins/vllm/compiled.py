@@ -2,16 +2,16 @@
 
 vLLM traces a model with torch.compile only through modules decorated with ``support_torch_compile``, and it may
 trace once, during a warm-up run without attention metadata, then reuse the graph for every step (CPU's
-DYNAMO_TRACE_ONCE). So the traced body must hold no branch on the metadata, no per-request Python and no host
-read. ``CompiledBody`` runs the core model's ``opaque_cache_hidden_states`` (embedding, mHC, norms, MoE, final
-norm: the one copy of the math) with each layer's attention as ``Attention.forward_all_rows``: the query and
-window-latent projections, RoPE and the output projection stay in the traced graph, and all the cache work
-between them (window writes and reads, compressor inputs and entries, indexer selection, sparse attention over
-the cache records: ``Attention.attend_cached``) is one op, ``deepinfer::v41_attention``. The Engram row ids
-(which read the token history from the window cache) are ``deepinfer::v41_engram_ids``. Like vLLM's own
-attention op they take only tensors and the layer name, find the step through vLLM's forward context and run
-eagerly over the step's chunks; their fake implementations give the traced graph its shapes. Both are added to vLLM's splitting ops,
-so a piecewise (GPU) compile splits the graph there as it does around its own attention.
+DYNAMO_TRACE_ONCE). So the traced body must hold no branch on the metadata, no per-request Python and no host read.
+``CompiledBody`` runs the core model's ``opaque_cache_hidden_states`` (embedding, mHC, norms, MoE, final norm: the
+one copy of the math) with each layer's attention as ``Attention.forward_all_rows``: the query and window-latent
+projections, RoPE and the output projection stay in the traced graph, and all the cache work between them (window
+writes and reads, compressor inputs and entries, indexer selection, sparse attention over the cache records:
+``Attention.attend_cached``) is one op, ``deepinfer::v41_attention``. The Engram row ids (which read the token
+history from the window cache) are ``deepinfer::v41_engram_ids``. Like vLLM's own attention op they take only
+tensors and the layer name, find the step through vLLM's forward context and run eagerly over the step's chunks;
+their fake implementations give the traced graph its shapes. Both are added to vLLM's splitting ops, so a piecewise
+(GPU) compile splits the graph there as it does around its own attention.
 
 The step's chunks are built once per step before the body runs (``PagedSteps.begin``, host metadata from
 ``DeepInferMetadataBuilder``) and kept on the metadata object vLLM hands every op of that step.

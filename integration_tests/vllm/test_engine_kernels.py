@@ -51,7 +51,7 @@ def test_onednn_head_sees_a_weight_changed_in_place():
     assert_matches_reference(x, weight)
 
 
-@pytest.mark.parametrize("case", ["bf16 weight", "bf16 rows", "no rows", "width mismatch"])
+@pytest.mark.parametrize("case", ["bf16 weight", "bf16 rows", "no rows", "width mismatch", "strided weight"])
 def test_onednn_head_declines_what_it_cannot_take_exactly(case):
     weight, x = torch.randn(50, 16), torch.randn(3, 16)
     if case == "bf16 weight":
@@ -60,6 +60,8 @@ def test_onednn_head_declines_what_it_cannot_take_exactly(case):
         x = x.bfloat16()
     elif case == "no rows":
         x = x[:0]
+    elif case == "strided weight":
+        weight = torch.randn(50, 32)[:, ::2]
     else:
         x = torch.randn(3, 8)
     assert onednn_linear_to_fp32()(x, weight) is NotImplemented

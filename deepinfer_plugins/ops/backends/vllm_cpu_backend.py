@@ -10,7 +10,7 @@ size once more in host memory.
 
 Registers where ``vllm._custom_ops`` imports with oneDNN support (a vLLM CPU build); the import happens at
 discovery, never at package import. Declines (``NotImplemented``: the reference runs) anything but fp32
-activations against an fp32 2-D weight on the CPU (a bf16 head multiplied by oneDNN would round its output to
+activations against a contiguous fp32 2-D weight on the CPU (a bf16 head multiplied by oneDNN would round its output to
 bf16, where the reference keeps fp32), and every call inside a torch.compile trace: there the reference is what
 gets traced (the router inside vLLM's compiled body), and the compiler picks its own GEMM.
 """
@@ -44,9 +44,9 @@ class PrepackedWeights:
         return entry[1]
 
     def linear_to_fp32(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if (torch.compiler.is_compiling() or x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
-                or weight.dtype != torch.float32 or weight.dim() != 2 or x.numel() == 0
-                or x.shape[-1] != weight.shape[1]):
+        if (torch.compiler.is_compiling() or x.device.type != "cpu" or weight.device.type != "cpu"
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.dim() != 2
+                or not weight.is_contiguous() or x.numel() == 0 or x.shape[-1] != weight.shape[1]):
             return NotImplemented
         return self.ops.onednn_mm(self.handler(weight), x.contiguous(), None)
 
