@@ -9,10 +9,10 @@ tensor lives and is not modified in place (its ``_version`` is checked each call
 size once more in host memory.
 
 Registers where ``vllm._custom_ops`` imports with oneDNN support (a vLLM CPU build); the import happens at
-discovery, never at package import. Declines (``NotImplemented``: the reference runs) anything but fp32
-activations against a contiguous fp32 2-D weight on the CPU (a bf16 head multiplied by oneDNN would round its output to
-bf16, where the reference keeps fp32), and every call inside a torch.compile trace: there the reference is what
-gets traced (the router inside vLLM's compiled body), and the compiler picks its own GEMM.
+discovery, never at package import. Declines (``NotImplemented``: the reference runs) anything but fp32 activations
+against a contiguous fp32 2-D weight on the CPU (a bf16 head multiplied by oneDNN would round its output to bf16,
+where the reference keeps fp32), and every call inside a torch.compile trace: there the reference is what gets
+traced (the router inside vLLM's compiled body), and the compiler picks its own GEMM.
 """
 
 from __future__ import annotations
