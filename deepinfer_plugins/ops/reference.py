@@ -167,9 +167,8 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
         places_left = kept_per_row - above.sum(dim=-1, keepdim=True)
         tie_in = (torch.arange(kept_per_row, device=scores.device) < places_left) & (tie_values > float("-inf"))
         chosen = torch.cat((torch.where(above, top_ids, n), torch.where(tie_in, tie_ids, n)), dim=-1)
-        ids = chosen.sort(dim=-1).values[:, :kept_per_row]
-        finite = torch.isfinite(scores.gather(1, ids.clamp(max=n - 1)))
-        ids = torch.where(finite & (ids < n), ids, n).sort(dim=-1).values
+        finite = torch.isfinite(scores.gather(1, chosen.clamp(max=n - 1)))
+        ids = torch.where(finite & (chosen < n), chosen, n).sort(dim=-1).values[:, :kept_per_row]
         ids = torch.where(ids == n, torch.full_like(ids, -1), ids)
     else:
         ids = torch.empty(t, 0, dtype=torch.int64, device=scores.device)
