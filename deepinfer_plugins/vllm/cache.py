@@ -309,7 +309,6 @@ class PagedStep:
         self.record_bytes, self.meta_at = record_bytes(WINDOW_FORMAT, args.head_dim), window_meta_at(args)
         self.plans: dict[tuple, WindowPlan] = {}
         self.window_rows: dict[tuple, WindowRows] = {}
-        self.requests: dict[tuple, torch.Tensor] = {}
 
     def columns(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(fp8_window record columns, int32 [token id, position] columns) of a layer's window cache."""
@@ -329,7 +328,7 @@ class PagedStep:
                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         owner = self.compressed_owner[source_layer]
         table = self.metadata[owner.layer_name].block_table
-        requests = self.query_requests(chunks, table.device)[:, None].expand_as(entries)
+        requests = self.rows(chunks, table.device).query_requests[:, None].expand_as(entries)
         slots = owner.batch_slots(table, requests, entries.clamp(min=0))
         return owner.entry_columns(source_layer), torch.where(entries >= 0, slots, -1)
 
@@ -389,24 +388,23 @@ class PagedStep:
         self.audit.expect(meta[slots, 1], host[1], "layer 0: paged window cache (Engram history)")
         return list(meta[slots, 0].long().split([min(self.ngram_context, c.start_pos) for c in chunks]))
 
-    def query_requests(self, chunks: list[SequenceChunk], device: torch.device) -> torch.Tensor:
-        """The request of every query row [query rows], copied to the device once per step."""
-        key = tuple((c.state.request, c.num_query_rows) for c in chunks)
-        if key not in self.requests:
-            host = torch.repeat_interleave(torch.tensor([c.state.request for c in chunks]),
-                                           torch.tensor([c.num_query_rows for c in chunks]))
-            self.requests[key] = to_device(host, device)
-        return self.requests[key]
-
     def plan(self, owner: CacheOwner, chunks: list[SequenceChunk]) -> WindowPlan:
         table = self.metadata[owner.layer_name].block_table
-        rows = tuple((c.state.request, c.start_pos, c.num_rows, c.num_query_rows) for c in chunks)
-        key = (table.data_ptr(), owner.rows_per_block, rows)
+        key = (table.data_ptr(), owner.rows_per_block, self.rows_key(chunks))
         if key not in self.plans:
-            if rows not in self.window_rows:
-                self.window_rows[rows] = self.new_window_rows(chunks, table.device)
-            self.plans[key] = self.window_rows[rows].plan(owner, table)
+            self.plans[key] = self.rows(chunks, table.device).plan(owner, table)
         return self.plans[key]
+
+    @staticmethod
+    def rows_key(chunks: list[SequenceChunk]) -> tuple:
+        return tuple((c.state.request, c.start_pos, c.num_rows, c.num_query_rows) for c in chunks)
+
+    def rows(self, chunks: list[SequenceChunk], device: torch.device) -> WindowRows:
+        """The step's window rows, built on the host and copied to the device once per step."""
+        key = self.rows_key(chunks)
+        if key not in self.window_rows:
+            self.window_rows[key] = self.new_window_rows(chunks, device)
+        return self.window_rows[key]
 
     def new_window_rows(self, chunks: list[SequenceChunk], device: torch.device) -> WindowRows:
         ends = [c.start_pos + c.num_rows for c in chunks]

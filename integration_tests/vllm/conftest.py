@@ -13,13 +13,16 @@ import socket
 import sys
 from pathlib import Path
 
-from deepinfer_plugins.cli import launch_server, stop_process_group
+from deepinfer_plugins.cli import launch_server, stop_process_group, vllm_is_cpu_build
 import pytest
 
 MODEL = "deepseek-v4.1-tiny"
 RESPONSES_STORE_SIZE = 8  # small, so that a test can write past it
 IMAGES_PER_PROMPT = 2  # --limit-mm-per-prompt: small, so that a test can send one image more
 LOG = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log"))
+
+if vllm_is_cpu_build():  # the offline engines that tests start in subprocesses cache as the servers do (serve_env)
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
 
 def free_port() -> int:
