@@ -1,15 +1,18 @@
-"""Tokenizer mode and renderer ``deepinfer``: chat prompts are rendered by deepinfer_recipe, as token ids.
+"""Tokenizer mode and renderer ``deepinfer``: prompts are rendered by deepinfer_recipe, as token ids.
 
-vLLM converts Chat Completions, Responses and Anthropic Messages requests into chat messages and calls the
-renderer of the tokenizer mode. We hand those messages (with tools, tool_choice, response_format and the
-thinking switches) to the recipe, which renders the official V4.1 prompt and encodes it so that template
-markers become single special tokens while user text never does. The prompt therefore reaches the engine as
-token ids, not as text that vLLM would tokenize again (which would turn a user's ``<｜User｜>`` into a marker).
+A served request is rendered by the recipe's codec of its own API (Chat Completions, Responses, Messages) from the
+body the client sent (vllm/patches/patch_api_codecs.py, which hands the rendering over through ``PRERENDERED``);
+the chat messages vLLM passes then serve only to fetch the images. Without a body at hand (offline ``LLM.chat``,
+requests vLLM builds itself) those chat messages, with tools, tool_choice, response_format and the thinking
+switches, are rendered as a Chat Completions request. Either way the recipe encodes the prompt so that template
+markers become single special tokens while user text never does: the prompt reaches the engine as token ids, not
+as text that vLLM would tokenize again (which would turn a user's ``<｜User｜>`` into a marker).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import json
 from typing import Any
@@ -26,6 +29,8 @@ from .vision import check_image_data_uri, serving_args
 
 MODEL_NAME = "DeepSeek-V4.1-Flash"
 RAW_IMAGE_PART_TYPES = ("image_pil", "image_embeds")  # Python-side vLLM inputs: no URL the recipe could render
+# A prompt the recipe has already rendered from the request itself, for the render vLLM runs next in this task.
+PRERENDERED: contextvars.ContextVar[Any] = contextvars.ContextVar("deepinfer_prerendered", default=None)
 
 
 class DeepInferTokenizer(TokenizerLike):
@@ -122,19 +127,28 @@ class DeepInferRenderer(BaseRenderer):
         return _engine_prompt(rendered, *parsed)
 
     def _render(self, messages, params):
-        """The recipe's prompt; images refused here, before vLLM decodes them, get a message naming the image."""
+        prerendered = PRERENDERED.get()
+        if prerendered is not None:
+            return prerendered
+        return self.render_request(recipe_chat_request(messages, params.get_apply_chat_template_kwargs(),
+                                                       params.tool_choice, params.response_format), "chat")
+
+    def render_request(self, request: dict, api: str):
+        """The recipe's prompt for a request of ``api``; images refused here, before vLLM decodes them, get a
+        message naming the image."""
         import deepinfer_recipe
 
-        request = recipe_chat_request(messages, params.get_apply_chat_template_kwargs(), params.tool_choice,
-                                      params.response_format)
         try:
-            rendered = deepinfer_recipe.render(request, "chat", tokenizer=prompt_tokenizer(self._tokenizer_path()))
+            rendered = deepinfer_recipe.render(request, api, tokenizer=prompt_tokenizer(self._tokenizer_path()))
         except deepinfer_recipe.RecipeError as exc:
             raise ValueError(exc.message) from None
         if rendered.images and serving_args(str(self.model_config.model)).vision is None:
             raise ValueError("this checkpoint has no vision tower (no vision.* tensors): it serves text only, "
                              "so requests with images are refused")
         for number, image in enumerate(rendered.images, 1):
+            if image.kind not in ("url", "data_url"):
+                raise ValueError(f"image {number} of the request: a {image.kind} reference cannot be resolved by "
+                                 "this server; send the image as a URL or a data URI")
             if image.kind == "data_url":
                 check_image_data_uri(image.value, f"image {number} of the request")
             elif urlsplit(image.value).scheme == "file" and not self.model_config.allowed_local_media_path:
@@ -161,8 +175,8 @@ def _image_errors():
     """Failures that come from the request's image URLs as the client's 400, not the 500 vLLM answers for an
     exception it does not treat as the client's: a host that cannot be reached or does not answer in time (vLLM
     keeps these as server errors for retry logic, but the server is healthy: the client's URL is what failed, as
-    OpenAI's API answers it), and a fetched image past PIL's decompression-bomb threshold. Data URIs are checked before, by ``check_image_data_uri``;
-    an HTTP 4xx from the image host stays vLLM's 422."""
+    OpenAI's API answers it), and a fetched image past PIL's decompression-bomb threshold. Data URIs are checked
+    before, by ``check_image_data_uri``; an HTTP 4xx from the image host stays vLLM's 422."""
     try:
         yield
     except Image.DecompressionBombError as exc:

@@ -31,23 +31,43 @@ patch_responses_store (vllm/entrypoints/openai/responses/serving.py, OpenAIServi
   remove when: vLLM bounds or expires its Responses store.
   tested: integration_tests/vllm/test_api.py (a follow-up through previous_response_id; eviction past the bound).
 
-patch_responses_history (vllm/renderers/online_renderer.py, the module's ``construct_input_messages``)
-  * the previous response's output items -> converted like input items, ahead of the new input.
-    why:  vLLM turns a stored response's output into chat messages by keeping its output messages only, so a
-          follow-up through ``previous_response_id`` loses the previous turn's reasoning and function calls (a
-          ``function_call_output`` then answers a call the prompt never shows); OpenAI's API treats
-          ``previous_response_id`` as the previous input and output items.
-  * an assistant message that holds reasoning only -> content "".
-    why:  vLLM converts a reasoning item that nothing follows in its turn into an assistant message without
-          content, which the recipe's Chat conversion refuses (400 "content or tool_calls must be set"), so a
-          history whose last answer was reasoning alone (a follow-up, or the same history sent explicitly)
-          could not be continued; the official Responses codec renders it as a turn with an empty answer.
-  how:  the wrapper prepends those items to the request's input and calls the original without them, so they go
-        through vLLM's own item conversion, then gives reasoning-only assistant messages empty content.
-  remove when: vLLM converts stored output items the way it converts input items, and keeps a reasoning-only
-        turn's content.
-  tested: integration_tests/vllm/test_api.py (the follow-up's prompt and answer equal those of the same history
-          sent explicitly); tests/vllm/test_responses_store.py (the conversion of a reasoning-only turn).
+patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.create_chat_completion;
+                  vllm/entrypoints/openai/responses/serving.py, OpenAIServingResponses.create_responses;
+                  vllm/entrypoints/anthropic/serving.py, AnthropicServingMessages.create_messages, count_tokens and
+                  to_chat_completion_request; vllm/renderers/online_renderer.py, OnlineRenderer.render_responses and
+                  preprocess_chat)
+  * a Chat, Responses or Messages prompt -> deepinfer_recipe's codec of that API over the body the client sent,
+    not the chat messages vLLM's request models and conversions leave, rendered as a Chat request.
+    why:  those lose what each API's codec renders. Chat: DeepSeek's ``thinking`` field, which vLLM's request
+          model drops. Responses: developer messages (refused as a Chat role), several reasoning items of one
+          turn (joined with a newline), namespace and custom tools, the order of tool results, items vLLM does not
+          convert (``item_reference``, tool search). Messages: system messages inside ``messages`` (vLLM merges
+          them into the leading system prompt), thinking blocks, a ``tool_use`` answered by ``tool_result``
+          blocks, documents (stubbed in place). On the recipe's generated requests that both accepted, a fifth of
+          the Chat prompts, half of the Responses prompts and a quarter of the Messages prompts differed from the
+          official package's, and more were refused (docs/vllm_internals.md §4.4).
+  * a Responses follow-up through ``previous_response_id`` -> the previous input and output items ahead of the new
+    input.
+    why:  vLLM keeps the previous turn's output messages only, so a follow-up lost its reasoning and function
+          calls; OpenAI's API treats ``previous_response_id`` as the previous input and output items.
+  how:  each endpoint handler reads the JSON body it was given (FastAPI keeps the bytes it parsed) and claims
+        the request object vLLM renders for the codec of its API, in a context variable of the request's task:
+        Chat claims its own request; Responses claims it in ``render_responses``, with the stored history ahead
+        of the input; Messages claims the chat request vLLM converts it into. ``preprocess_chat`` renders a
+        claimed request with the claimed codec, hands the prompt to the renderer vLLM calls next (``PRERENDERED``
+        in vllm/tokenizer.py) and gives vLLM the prompt's images as one chat message to fetch and decode. The
+        Responses render's messages, which vLLM's store keeps for a follow-up, are the input items. Other
+        renderers, and requests vLLM builds itself (its built-in tool loop, its thinking probe, offline
+        ``LLM.chat``), take vLLM's path unchanged.
+  remove when: vLLM lets a renderer render a request of each API from its body.
+  limits: vLLM's request models still refuse some bodies the official package accepts before any of this runs
+          (Chat: response formats it does not list, such as ``regex``; Responses: ``input_file`` parts, output
+          items without their required fields; Messages: efforts and content blocks its models do not list; all
+          three: a tool_choice naming an undeclared tool, with vLLM's own message).
+  tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
+          the three APIs, images included; refusals carry the recipe's message); tests/vllm/test_api_codecs.py
+          (the codec requests, the history, the thinking switches); integration_tests/vllm/test_api.py (a
+          follow-up's prompt and answer equal those of the same history sent explicitly).
 
 patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;
              vllm/entrypoints/serve/engine/protocol.py, UsageInfo.__setattr__)
@@ -68,8 +88,8 @@ from __future__ import annotations
 
 
 def apply_all() -> list[str]:
-    from . import patch_arch_config, patch_responses_history, patch_responses_store, patch_usage
+    from . import patch_arch_config, patch_api_codecs, patch_responses_store, patch_usage
 
     applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply(),
-               "responses_history": patch_responses_history.apply(), "usage": patch_usage.apply()}
+               "api_codecs": patch_api_codecs.apply(), "usage": patch_usage.apply()}
     return [name for name, done in applied.items() if done]

@@ -1,0 +1,223 @@
+"""Served prompts are the codec's of the request's own API (vllm/patches/patch_api_codecs.py).
+
+Guarantees: for requests of the recipe's own generators (every message, input item, content-part and block kind,
+reasoning and thinking history, namespace and custom tools, tool results, developer and inline system messages),
+the Chat and Responses prompt token ids the server runs are the ids ``deepinfer_recipe.render(request, api)``
+gives, and the Messages prompt has the length of the recipe's (vLLM's Messages endpoint reports no prompt ids),
+which the recipe's differential suite holds equal to the official package's; a request the recipe refuses is
+refused with its message; vLLM's ``chat_template_kwargs`` thinking switch renders as the API's own; images reach
+the engine in placeholder order. What vLLM's own request models refuse before any rendering is counted, and must
+stay the exception.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+import deepinfer_recipe
+from deepinfer_plugins.vllm.patches.patch_api_codecs import chat_request, messages_request, responses_request
+from deepinfer_plugins.vllm.tokenizer import MODEL_NAME
+from deepinfer_plugins.vllm.vision import PLACEHOLDER
+
+from ..images import png
+from .conftest import MODEL
+from .test_vision import data_uri
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipe" / "tests"))
+import gen  # noqa: E402  (the recipe's request generators)
+
+SEEDS = range(32)
+# What vLLM's own request models refuse before any renderer runs (limits in the patch ledger).
+REFUSED_BY_VLLM = ("validation error", "not found in 'tools'", "does not match any of the specified `tools`",
+                   "`tools` must be set")
+
+
+def sent_body(api: str, body: dict) -> dict:
+    body = {**copy.deepcopy(body), "model": MODEL, "stream": False}
+    body.pop("stream_options", None)
+    if api == "responses":
+        body.update(max_output_tokens=1, enable_response_messages=True)
+    elif api == "chat":
+        body.update(max_tokens=1, return_token_ids=True)
+        body.pop("max_completion_tokens", None)
+    else:
+        body["max_tokens"] = 1
+    return body
+
+
+def codec_request(api: str, body: dict) -> dict:
+    if api == "responses":
+        return responses_request(body, [], body.get("chat_template_kwargs") or {}, MODEL_NAME)
+    return chat_request(body, MODEL_NAME) if api == "chat" else messages_request(body, MODEL_NAME)
+
+
+def recipe(api: str, body: dict, checkpoint: Path):
+    try:
+        return deepinfer_recipe.render(codec_request(api, body), api, tokenizer=str(checkpoint))
+    except deepinfer_recipe.RecipeError as exc:
+        return exc
+
+
+ENDPOINTS = {"chat": "chat/completions", "responses": "responses", "messages": "messages"}
+
+
+def post(server: str, api: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server}/v1/{ENDPOINTS[api]}", json=body, timeout=120)
+
+
+def served_prompt(api: str, response: httpx.Response) -> list[int] | int:
+    """Chat and Responses: the prompt's token ids; Messages: its length (Anthropic's ``input_tokens`` leaves out
+    the tokens written to and read from the prompt cache, which vLLM counts in whole blocks)."""
+    if api == "chat":
+        return response.json()["prompt_token_ids"]
+    if api == "responses":
+        return response.json()["input_messages"][0]["tokens"]
+    usage = response.json()["usage"]
+    return usage["input_tokens"] + sum(usage.get(key) or 0 for key in ("cache_creation_input_tokens",
+                                                                        "cache_read_input_tokens"))
+
+
+def wanted_prompt(api: str, rendered) -> list[int] | int:
+    return len(rendered.token_ids) if api == "messages" else rendered.token_ids
+
+
+def error_message(response: httpx.Response) -> str:
+    error = response.json().get("error", {})
+    return error.get("message", "") if isinstance(error, dict) else str(error)
+
+
+def generated(api: str) -> list[tuple[str, dict]]:
+    cases = []
+    for seed in SEEDS:
+        cases.append(("plain", getattr(gen, api)(random.Random(seed))))
+        cases.append(gen.shape(api, random.Random(10_000 + seed), count=False))
+    return cases
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_generated_requests_run_the_recipes_prompt(server, checkpoint, api):
+    matched, refused_by_vllm, mismatched = [], [], []
+    for kind, body in generated(api):
+        body = sent_body(api, body)
+        want = recipe(api, body, checkpoint)
+        if not isinstance(want, deepinfer_recipe.RecipeError) and want.images:
+            continue  # the generators' images are not fetchable; images have their own test below
+        got = post(server, api, body)
+        if isinstance(want, deepinfer_recipe.RecipeError):
+            assert got.status_code == 400, (kind, want.message, got.text)
+            message = error_message(got)
+            assert want.message in message or any(s in message for s in REFUSED_BY_VLLM), (kind, message)
+        elif got.status_code == 400 and any(s in error_message(got) for s in REFUSED_BY_VLLM):
+            refused_by_vllm.append(kind)
+        else:
+            assert got.status_code == 200, (kind, got.text)
+            (matched if served_prompt(api, got) == wanted_prompt(api, want) else mismatched).append(kind)
+    assert not mismatched, f"served prompts that differ from the recipe's: {mismatched}"
+    assert len(matched) >= len(refused_by_vllm) and len(matched) >= 16, (matched, refused_by_vllm)
+
+
+def test_responses_developer_message_and_reasoning_items(server, checkpoint):
+    """Two classes the chat-message form lost: a developer message (a Chat role the codecs refuse) and two
+    reasoning items of the turn in progress, which the Responses codec joins with a newline."""
+    body = sent_body("responses", {"tools": [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {}}}], "input": [
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "user", "content": "Hello"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "first"}]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "second"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"}]})
+    want = recipe("responses", body, checkpoint)
+    assert "<think>first\nsecond</think>" in want.prompt and "Answer in French." in want.prompt
+    got = post(server, "responses", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("responses", got) == want.token_ids
+
+
+def test_messages_inline_system_and_thinking_blocks(server, checkpoint):
+    """A system message inside ``messages`` (vLLM merged it into the leading system prompt) and two thinking
+    blocks of the turn in progress, which the Messages codec joins with a blank line."""
+    body = sent_body("messages", {"system": "Be brief.", "messages": [
+        {"role": "user", "content": "Hello"},
+        {"role": "system", "content": "Answer in French from now on."},
+        {"role": "user", "content": "Again"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "first", "signature": "s"},
+                                          {"type": "thinking", "thinking": "second", "signature": "s"},
+                                          {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
+        "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object", "properties": {}}}]})
+    want = recipe("messages", body, checkpoint)
+    assert "first\n\nsecond" in want.prompt and "<｜User｜>Hello<｜System｜>Answer in French" in want.prompt
+    got = post(server, "messages", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("messages", got) == len(want.token_ids)
+    counted = httpx.post(f"{server}/v1/messages/count_tokens",
+                         json={key: value for key, value in body.items() if key not in ("max_tokens", "stream")})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] == len(want.token_ids)
+
+
+@pytest.mark.parametrize("template_kwargs", [{"thinking": False}, {"enable_thinking": False}])
+def test_thinking_switch_of_vllm_renders_as_the_apis_own(server, checkpoint, template_kwargs):
+    body = sent_body("responses", {"input": "Hello", "chat_template_kwargs": template_kwargs})
+    want = recipe("responses", body, checkpoint)
+    assert want.prompt.endswith("</think>")
+    got = post(server, "responses", body)
+    assert got.status_code == 200 and served_prompt("responses", got) == want.token_ids
+
+
+def test_responses_images_run_the_recipes_prompt(server, checkpoint, core_model):
+    """vLLM replaces each image placeholder by the image's span (every span token at the image token id), in
+    order."""
+    first, second = data_uri(png(1)), data_uri(png(2, size=(20, 50)))
+    body = sent_body("responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": first}, {"type": "input_text", "text": "and"},
+        {"type": "input_image", "image_url": second, "detail": "low"}]}]})
+    want = recipe("responses", body, checkpoint)
+    assert len(want.images) == 2
+    got = post(server, "responses", body)
+    assert got.status_code == 200, got.text
+    placeholder = deepinfer_recipe.PromptTokenizer.load(str(checkpoint)).special_id(PLACEHOLDER)
+    served = served_prompt("responses", got)
+    assert spans_collapsed(served, core_model.args.image_token_id, placeholder) == want.token_ids
+    assert len(served) > len(want.token_ids)
+
+
+def spans_collapsed(ids: list[int], span_id: int, placeholder_id: int) -> list[int]:
+    """Each run of image-span tokens as the one placeholder it replaced."""
+    return [placeholder_id if token == span_id else token for i, token in enumerate(ids)
+            if token != span_id or i == 0 or ids[i - 1] != span_id]
+
+
+def test_chat_thinking_field_is_the_apis_own(server, checkpoint):
+    """DeepSeek's ``thinking`` field, which vLLM's chat request model does not know: the prompt ends out of
+    thinking, and the reasoning parser, which reads the prompt's end, gives the answer as content."""
+    body = sent_body("chat", {"messages": [{"role": "user", "content": "Hello"}],
+                              "thinking": {"type": "disabled"}})
+    body["max_tokens"] = 4
+    want = recipe("chat", body, checkpoint)
+    assert want.prompt.endswith("</think>")
+    got = post(server, "chat", body)
+    assert got.status_code == 200 and served_prompt("chat", got) == want.token_ids
+    message = got.json()["choices"][0]["message"]
+    assert message["content"] and not message.get("reasoning_content") and not message.get("reasoning")
+
+
+def test_responses_tool_search_items(server, checkpoint):
+    """A client-run tool search in the history: vLLM's own conversion refused its items ("Unsupported input item
+    type"); the Responses codec renders the call and, as the result, the tools it found."""
+    body = sent_body("responses", {"tools": [{"type": "tool_search"}], "input": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "tool_search_call", "call_id": "s1", "arguments": {"query": "weather"}},
+        {"type": "tool_search_output", "call_id": "s1", "tools": [
+            {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]}]})
+    want = recipe("responses", body, checkpoint)
+    assert 'invoke name="tool_search"' in want.prompt and "### Updated Tool Schemas" in want.prompt
+    got = post(server, "responses", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("responses", got) == want.token_ids
