@@ -5,7 +5,8 @@ Guarantees: a new conversation that arrives while one replica is busy goes to th
 each conversation's next turn goes to the replica that served it before (not to the replica a tie would pick)
 and is answered from that replica's prefix cache (``usage.prompt_tokens_details.cached_tokens``), with the core
 model's greedy output. The router matches prefixes on token ids it gets from each replica's render endpoint
-(``--enable-scale-out``), so what it matches is the prompt our renderer builds."""
+(``--enable-scale-out``), so what it matches is the prompt our renderer builds: the render endpoints give the ids
+of the recipe's codec of the request's API, as the serving endpoints run them."""
 
 from __future__ import annotations
 
@@ -116,3 +117,27 @@ def test_next_turn_lands_on_the_replica_holding_its_prefix(replicas_and_router, 
         assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, reply["usage"]
         assert reply["choices"][0]["token_ids"] == generate(core_model, reply["prompt_token_ids"],
                                                             SamplingParams(max_new_tokens=4))
+
+
+@pytest.mark.parametrize("api, body", [
+    ("chat", {"messages": [{"role": "user", "content": "Hello"}], "thinking": {"type": "disabled"}}),
+    ("messages", {"max_tokens": 4, "system": "Be brief.", "messages": [
+        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"},
+        {"role": "system", "content": "Answer in French from now on."}, {"role": "user", "content": "Again"}]}),
+])
+def test_render_endpoint_gives_the_prompt_the_server_runs(replicas_and_router, checkpoint, api, body):
+    """The router's prefix tree is built from these ids: they are the recipe's codec of the request's API, as the
+    serving endpoint renders it (DeepSeek's ``thinking`` field, a system message inside ``messages``)."""
+    import deepinfer_recipe
+
+    from deepinfer_plugins.vllm.patches.patch_api_codecs import chat_request, messages_request
+    from deepinfer_plugins.vllm.tokenizer import MODEL_NAME
+
+    replica = replicas_and_router[0][0]
+    body = {"model": MODEL, **body}
+    path = "chat/completions" if api == "chat" else "messages"
+    rendered = httpx.post(f"{replica}/v1/{path}/render", json=body, timeout=60)
+    assert rendered.status_code == 200, rendered.text
+    codec = chat_request(body, MODEL_NAME) if api == "chat" else messages_request(body, MODEL_NAME)
+    want = deepinfer_recipe.render(codec, api, tokenizer=str(checkpoint)).token_ids
+    assert rendered.json()["token_ids"] == want

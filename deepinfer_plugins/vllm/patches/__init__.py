@@ -34,8 +34,9 @@ patch_responses_store (vllm/entrypoints/openai/responses/serving.py, OpenAIServi
 patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.create_chat_completion;
                   vllm/entrypoints/openai/responses/serving.py, OpenAIServingResponses.create_responses;
                   vllm/entrypoints/anthropic/serving.py, AnthropicServingMessages.create_messages, count_tokens and
-                  to_chat_completion_request; vllm/renderers/online_renderer.py, OnlineRenderer.render_responses and
-                  preprocess_chat)
+                  to_chat_completion_request; vllm/entrypoints/scale_out/render/serving.py, ServingRender's
+                  render_chat_request and render_messages_request; vllm/renderers/online_renderer.py,
+                  OnlineRenderer.render_responses and preprocess_chat)
   * a Chat, Responses or Messages prompt -> deepinfer_recipe's codec of that API over the body the client sent,
     not the chat messages vLLM's request models and conversions leave, rendered as a Chat request.
     why:  those lose what each API's codec renders. Chat: DeepSeek's ``thinking`` field, which vLLM's request
@@ -53,7 +54,9 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
   how:  each endpoint handler reads the JSON body it was given (FastAPI keeps the bytes it parsed) and claims
         the request object vLLM renders for the codec of its API, in a context variable of the request's task:
         Chat claims its own request; Responses claims it in ``render_responses``, with the stored history ahead
-        of the input; Messages claims the chat request vLLM converts it into. ``preprocess_chat`` renders a
+        of the input; Messages claims the chat request vLLM converts it into. The render endpoints
+        (``--enable-scale-out``), whose token ids a cache-aware router matches prefixes on, claim theirs the same
+        way (not the Responses one, whose handler is not given the HTTP request). ``preprocess_chat`` renders a
         claimed request with the claimed codec, hands the prompt to the renderer vLLM calls next (``PRERENDERED``
         in vllm/tokenizer.py) and gives vLLM the prompt's images as one chat message to fetch and decode. The
         Responses render's messages, which vLLM's store keeps for a follow-up, are the input items. Other
@@ -65,7 +68,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
           items without their required fields; Messages: efforts and content blocks its models do not list; all
           three: a tool_choice naming an undeclared tool, with vLLM's own message).
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
-          the three APIs, images included; refusals carry the recipe's message); tests/vllm/test_api_codecs.py
+          the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
+          test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
           (the codec requests, the history, the thinking switches); integration_tests/vllm/test_api.py (a
           follow-up's prompt and answer equal those of the same history sent explicitly).
 

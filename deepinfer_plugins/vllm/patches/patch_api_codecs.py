@@ -91,9 +91,12 @@ def output_item(item: Any) -> dict:
 
 
 def deepinfer_renders(serving) -> bool:
+    """Whether a serving object (an endpoint's handler, or the online renderer itself) renders with ours."""
     from ..tokenizer import DeepInferRenderer
 
-    return isinstance(getattr(serving, "renderer", None), DeepInferRenderer)
+    renderer = getattr(serving, "renderer", None) or getattr(getattr(serving, "online_renderer", None), "renderer",
+                                                              None)
+    return isinstance(renderer, DeepInferRenderer)
 
 
 def claimed(request) -> bool:
@@ -102,9 +105,9 @@ def claimed(request) -> bool:
 
 
 def remember_sent_body(create):
-    """Wrap a Responses or Messages handler (``create_responses``, ``create_messages``, ``count_tokens``) so that,
-    with DeepInfer's renderer, the body the client sent is at hand while its request is converted and rendered
-    (FastAPI keeps the bytes it parsed)."""
+    """Wrap a Responses or Messages handler (``create_responses``, ``create_messages``, ``count_tokens``, the render
+    endpoint's ``render_messages_request``) so that, with DeepInfer's renderer, the body the client sent is at hand
+    while its request is converted and rendered (FastAPI keeps the bytes it parsed)."""
 
     async def handle(self, request, raw_request=None):
         if raw_request is None or not deepinfer_renders(self):
@@ -120,7 +123,8 @@ def remember_sent_body(create):
 
 
 def chat_codec(create_chat_completion):
-    """Wrap ``OpenAIServingChat.create_chat_completion``: a Chat Completions request is rendered from the body the
+    """Wrap ``OpenAIServingChat.create_chat_completion`` (and the render endpoint's ``render_chat_request``, whose
+    token ids a cache-aware router matches prefixes on): a Chat Completions request is rendered from the body the
     client sent, unless the request was converted from a Messages request, which its own codec renders."""
 
     async def handle(self, request, raw_request=None):
@@ -212,9 +216,12 @@ def apply() -> bool:
     from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+    from vllm.entrypoints.scale_out.render.serving import ServingRender
     from vllm.renderers.online_renderer import OnlineRenderer
 
     for owner, name, wrap in ((OpenAIServingChat, "create_chat_completion", chat_codec),
+                              (ServingRender, "render_chat_request", chat_codec),
+                              (ServingRender, "render_messages_request", remember_sent_body),
                               (OpenAIServingResponses, "create_responses", remember_sent_body),
                               (AnthropicServingMessages, "create_messages", remember_sent_body),
                               (AnthropicServingMessages, "count_tokens", remember_sent_body),
