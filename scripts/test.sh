@@ -7,10 +7,10 @@
 # A suite that collects no test fails the run (pytest exit code 5 is not treated as success).
 #
 # The Triton interpreter keeps about one core busy with the unit suite, so the work that needs one core at a time runs
-# beside it in the background: the engines' virtualenvs, the triton-ascend suite and the SGLang suite. On CI's
-# 2-core machine that takes a clean clone's run from 44 minutes to 34. The jobs' output goes to build/test-logs/
-# and is printed when the run waits for them. The vLLM suite, whose server and clients share the cores, runs
-# last and alone.
+# beside it in the background: the engines' virtualenvs, the triton-ascend suite and the SGLang suite. The jobs'
+# output goes to build/test-logs/ and is printed when the run waits for them. The vLLM suite, whose server and
+# clients share the cores (and whose disaggregation tests depend on NIXL handshakes answered in time), runs last
+# and alone.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$(date +%s)
