@@ -146,9 +146,6 @@ class DeepInferRenderer(BaseRenderer):
             raise ValueError("this checkpoint has no vision tower (no vision.* tensors): it serves text only, "
                              "so requests with images are refused")
         for number, image in enumerate(rendered.images, 1):
-            if image.kind not in ("url", "data_url"):
-                raise ValueError(f"image {number} of the request: a {image.kind} reference cannot be resolved by "
-                                 "this server; send the image as a URL or a data URI")
             if image.kind == "data_url":
                 check_image_data_uri(image.value, f"image {number} of the request")
             elif urlsplit(image.value).scheme == "file" and not self.model_config.allowed_local_media_path:
