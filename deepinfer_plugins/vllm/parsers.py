@@ -28,6 +28,8 @@ from vllm.reasoning import ReasoningParser
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
+from .thinking import thinking_switch
+
 THINK_START, THINK_END = "<think>", "</think>"
 
 
@@ -42,9 +44,8 @@ class DeepInferReasoningParser(ReasoningParser):
     def __init__(self, tokenizer, *args, **kwargs):
         super().__init__(tokenizer, *args, **kwargs)
         self.start_id, self.end_id = self.vocab[THINK_START], self.vocab[THINK_END]
-        template_kwargs = kwargs.get("chat_template_kwargs") or {}
-        thinking = template_kwargs.get("thinking", template_kwargs.get("enable_thinking"))
-        self.starts_in_reasoning = thinking is None or bool(thinking)  # the recipe thinks unless told not to
+        # the recipe thinks unless told not to
+        self.starts_in_reasoning = thinking_switch(kwargs.get("chat_template_kwargs")) is not False
         self.stream: StreamParser | None = None
 
     @property

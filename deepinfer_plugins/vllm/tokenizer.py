@@ -25,6 +25,7 @@ from vllm.renderers.base import BaseRenderer
 from vllm.tokenizers.hf import CachedHfTokenizer
 from vllm.tokenizers.protocol import TokenizerLike
 
+from .thinking import with_thinking_switch
 from .vision import check_image_data_uri, serving_args
 
 MODEL_NAME = "DeepSeek-V4.1-Flash"
@@ -100,9 +101,7 @@ def recipe_chat_request(messages: list, kwargs: dict, tool_choice: Any, response
             request["tool_choice"] = _plain(tool_choice)
     if response_format is not None:
         request["response_format"] = _plain(response_format)
-    thinking = kwargs.get("thinking", kwargs.get("enable_thinking"))
-    if thinking is not None:
-        request["thinking"] = {"type": "enabled" if thinking else "disabled"}
+    with_thinking_switch(request, kwargs)
     if kwargs.get("reasoning_effort") is not None:
         request["reasoning_effort"] = kwargs["reasoning_effort"]
     return request

@@ -9,6 +9,8 @@ import contextvars
 import json
 from typing import Any
 
+from ..thinking import thinking_switch, with_thinking_switch
+
 _PATCHED_FLAG = "_deepinfer_patched"
 # A Responses or Messages request vLLM parsed and the JSON body it parsed it from, while it is being served.
 SENT_BODY: contextvars.ContextVar[tuple[Any, dict] | None] = contextvars.ContextVar("deepinfer_sent_body",
@@ -16,12 +18,6 @@ SENT_BODY: contextvars.ContextVar[tuple[Any, dict] | None] = contextvars.Context
 # The request object vLLM renders, the API whose codec renders it instead, and the request that codec renders.
 CODEC: contextvars.ContextVar[tuple[Any, str, dict] | None] = contextvars.ContextVar("deepinfer_codec",
                                                                                    default=None)
-
-
-def thinking_switch(template_kwargs: dict) -> bool | None:
-    """vLLM's own thinking switch, ``chat_template_kwargs`` ``thinking`` (or ``enable_thinking``), if set."""
-    thinking = (template_kwargs or {}).get("thinking", (template_kwargs or {}).get("enable_thinking"))
-    return None if thinking is None else bool(thinking)
 
 
 def responses_request(body: dict, history: list[dict], template_kwargs: dict, model_name: str) -> dict:
@@ -32,8 +28,7 @@ def responses_request(body: dict, history: list[dict], template_kwargs: dict, mo
     request = {key: value for key, value in body.items() if key != "previous_response_id"}
     request["model"] = model_name
     if history:
-        sent = body.get("input", [])
-        request["input"] = [*history, *([{"role": "user", "content": sent}] if isinstance(sent, str) else sent)]
+        request["input"] = [*history, *input_items(body)]
     thinking = thinking_switch(template_kwargs)
     reasoning = request.get("reasoning") if isinstance(request.get("reasoning"), dict) else {}
     if thinking is False:
@@ -46,21 +41,14 @@ def responses_request(body: dict, history: list[dict], template_kwargs: dict, mo
 def messages_request(body: dict, model_name: str) -> dict:
     """The Messages request the recipe renders: the body as sent, under the model name the recipe knows; vLLM's
     thinking switch, where set, is the request's ``thinking``, as it is for a Chat request."""
-    request = dict(body, model=model_name)
-    thinking = thinking_switch(body.get("chat_template_kwargs"))
-    if thinking is not None:
-        request["thinking"] = {"type": "enabled" if thinking else "disabled"}
-    return request
+    return with_thinking_switch(dict(body, model=model_name), body.get("chat_template_kwargs"))
 
 
 def chat_request(body: dict, model_name: str) -> dict:
     """The Chat Completions request the recipe renders: the body as sent, under the model name the recipe knows;
     vLLM's thinking switch, where set, is the request's ``thinking``, and its ``continue_final_message`` is the
     API's ``prefix`` on the final assistant message."""
-    request = dict(body, model=model_name)
-    thinking = thinking_switch(body.get("chat_template_kwargs"))
-    if thinking is not None:
-        request["thinking"] = {"type": "enabled" if thinking else "disabled"}
+    request = with_thinking_switch(dict(body, model=model_name), body.get("chat_template_kwargs"))
     messages = body.get("messages")
     if (body.get("continue_final_message") and isinstance(messages, list) and messages
             and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"):
@@ -104,42 +92,42 @@ def claimed(request) -> bool:
     return claim is not None and claim[0] is request
 
 
-def remember_sent_body(create):
-    """Wrap a Responses or Messages handler (``create_responses``, ``create_messages``, ``count_tokens``, the render
-    endpoint's ``render_messages_request``) so that, with DeepInfer's renderer, the body the client sent is at hand
-    while its request is converted and rendered (FastAPI keeps the bytes it parsed)."""
+def body_handler(var: contextvars.ContextVar, value, skip=lambda request: False):
+    """Wrap an endpoint handler ``(self, request, raw_request)`` so that, with DeepInfer's renderer, ``var`` holds
+    ``value(request, body)`` while the request is served, ``body`` being the JSON the client sent (FastAPI keeps
+    the bytes it parsed); ``skip(request)`` leaves a request to the handler as it is."""
 
-    async def handle(self, request, raw_request=None):
-        if raw_request is None or not deepinfer_renders(self):
-            return await create(self, request, raw_request)
-        token = SENT_BODY.set((request, json.loads(await raw_request.body())))
-        try:
-            return await create(self, request, raw_request)
-        finally:
-            SENT_BODY.reset(token)
+    def wrap(handler):
+        async def handle(self, request, raw_request=None):
+            if raw_request is None or not deepinfer_renders(self) or skip(request):
+                return await handler(self, request, raw_request)
+            token = var.set(value(request, json.loads(await raw_request.body())))
+            try:
+                return await handler(self, request, raw_request)
+            finally:
+                var.reset(token)
 
-    setattr(handle, _PATCHED_FLAG, True)
-    return handle
+        setattr(handle, _PATCHED_FLAG, True)
+        return handle
+
+    return wrap
 
 
-def chat_codec(create_chat_completion):
-    """Wrap ``OpenAIServingChat.create_chat_completion`` (and the render endpoint's ``render_chat_request``, whose
-    token ids a cache-aware router matches prefixes on): a Chat Completions request is rendered from the body the
-    client sent, unless the request was converted from a Messages request, which its own codec renders."""
+# Responses and Messages handlers (``create_responses``, ``create_messages``, ``count_tokens``, the render
+# endpoint's ``render_messages_request``): the sent body is at hand while the request is converted and rendered.
+remember_sent_body = body_handler(SENT_BODY, lambda request, body: (request, body))
 
-    async def handle(self, request, raw_request=None):
-        from ..tokenizer import MODEL_NAME
 
-        if raw_request is None or not deepinfer_renders(self) or claimed(request):
-            return await create_chat_completion(self, request, raw_request)
-        token = CODEC.set((request, "chat", chat_request(json.loads(await raw_request.body()), MODEL_NAME)))
-        try:
-            return await create_chat_completion(self, request, raw_request)
-        finally:
-            CODEC.reset(token)
+def chat_claim(request, body: dict) -> tuple[Any, str, dict]:
+    from ..tokenizer import MODEL_NAME
 
-    setattr(handle, _PATCHED_FLAG, True)
-    return handle
+    return request, "chat", chat_request(body, MODEL_NAME)
+
+
+# ``OpenAIServingChat.create_chat_completion`` and the render endpoint's ``render_chat_request`` (whose token ids a
+# cache-aware router matches prefixes on): a Chat Completions request is rendered from the body the client sent,
+# unless it was converted from a Messages request, which its own codec renders.
+chat_codec = body_handler(CODEC, chat_claim, skip=claimed)
 
 
 def responses_rendering(render_responses):
