@@ -1,14 +1,14 @@
 """One registry entry per op: the PyTorch reference is the truth, accelerator backends register against it.
 
 Backends are discovered through pluggy: every module named in the ``deepinfer.op_backends`` entry-point group
-(ours: triton, cuda, ascend; third parties may add more) implements the ``deepinfer_register_ops`` hook and calls
+(ours: see pyproject.toml; third parties may add more) implements the ``deepinfer_register_ops`` hook and calls
 ``registry.register_backend``. Discovery is lazy (first dispatch) so that importing the package never imports
 Triton, a compiled extension or ``torch_npu``. A backend that cannot load is skipped with one INFO line.
 
 Selection, per call, by the device of the first tensor argument: ``cuda`` tries the upstream wrappers (deepgemm,
 flashinfer), then our cuda kernels, then triton; ``npu`` tries ascend (torch_npu), then triton (where triton-ascend
-is installed); ``cpu`` tries vLLM's CPU kernels (where a vLLM CPU build is installed); everything falls back to
-``reference``.
+is installed); ``cpu`` tries vLLM's CPU kernels (where a vLLM CPU build is installed), then PyTorch's own grouped
+GEMM (``torch``); everything falls back to ``reference``.
 A backend declines a call outside its kernel's shapes or formats by returning ``NotImplemented``, and the next
 choice takes it, so no backend needs to know which one follows it. ``DEEPINFER_OP_BACKEND`` forces a choice
 (then only that backend and the reference are tried): either one backend name for every op (``triton``) or a
@@ -33,7 +33,7 @@ hookspec = pluggy.HookspecMarker("deepinfer")
 hookimpl = pluggy.HookimplMarker("deepinfer")
 
 DEVICE_PREFERENCE = {"cuda": ("deepgemm", "flashinfer", "cuda", "triton"), "npu": ("ascend", "triton"),
-                     "cpu": ("vllm",)}
+                     "cpu": ("vllm", "torch")}
 
 
 class OpBackendError(RuntimeError):
