@@ -127,5 +127,12 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
     may be row-strided views (an engine's cache row holds more than the record). A decode kernel that reads the
     records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
     """
-    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype)
+    pool_of = records_pool_per_reference if q.shape[0] <= PER_REFERENCE_POOL_ROWS else records_pool
+    pool, indices = pool_of(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype)
     return sparse_attention.reference(q, pool, indices, sink, softmax_scale)
+
+
+# Up to this many query rows (a decode batch: rows of different sequences, which share no key) the keys are
+# decoded per reference; above it (prefill rows of one sequence share most keys) each distinct key once. The pools
+# hold the same values, so the result is the same bit for bit; only the cost differs (~25% less at one row).
+PER_REFERENCE_POOL_ROWS = 16

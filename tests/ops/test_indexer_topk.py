@@ -115,3 +115,21 @@ def test_records_ops_dispatch_to_the_reference_on_cpu():
     assert ops.registry.select("indexer_topk_records", "cpu") is ops.indexer_topk_records.reference
     assert torch.equal(ops.indexer_topk_records(q, weights, records, slots, visible, 8),
                        ops.indexer_topk_records.reference(q, weights, records, slots, visible, 8))
+
+
+@pytest.mark.parametrize("sequences,rows,dim", [(1, 1, 32), (16, 1, 128), (4, 3, 128), (3, 6, 64)])
+def test_a_batch_of_equal_sequences_scores_as_each_sequence_alone(sequences, rows, dim):
+    """Decode and verification batches (every sequence the same query rows) are scored in one product: each
+    sequence's scores must be what it gets scored alone, bit for bit, with -1 slots past its entries."""
+    g = torch.Generator().manual_seed(sequences * 10 + rows)
+    keys = ops.mxfp4_fake_quant.reference(torch.randn(300, dim, generator=g))
+    records = ops.pack_cache_records.reference(keys, "mxfp4")
+    slots = torch.randint(0, 300, (sequences, 90), generator=g)
+    for b in range(sequences):
+        slots[b, 90 - 7 * b:] = -1
+    q = ops.mxfp4_fake_quant.reference(torch.randn(sequences * rows, 4, dim, generator=g))
+    weights = torch.randn(sequences * rows, 4, generator=g)
+    got = ops.indexer_scores_records.reference(q, weights, records, slots, [rows] * sequences)
+    alone = [ops.indexer_scores_records.reference(q[b * rows: (b + 1) * rows], weights[b * rows: (b + 1) * rows],
+                                                  records, slots[b]) for b in range(sequences)]
+    assert torch.equal(got, torch.cat(alone))

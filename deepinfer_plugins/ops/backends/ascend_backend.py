@@ -16,8 +16,8 @@ where the op-plugin's own CPU golden was the only source, the line says so.
   * sparse_attention_records (the model's attention over its cache records) -> the keys decoded into a bf16 pool,
     then the sparse_attention mapping. Up to STATIC_POOL_MAX_REFERENCES references (a decode batch) a pool row
     per reference (``records_pool_per_reference``: no host read); above (a prefill, where rows share their keys
-    and a row per reference would not fit) each distinct key once (``records_pool``, as the reference; counting
-    them is one device sync).
+    and a row per reference would not fit) each distinct key once (``records_pool``, as the reference does above
+    its own row bound; counting them is one device sync).
   * sinkhorn -> npu_mhc_sinkhorn(logits fp32 [T, n, n], eps, num_iters), n in {4, 6, 8}. Documented: the op starts
     with softmax(x, dim=-1) + eps, so it takes the logits, and returns (y, norm_out, sum_out).
   * hc_coefficients -> npu_mhc_pre(x, phi=fn, alpha=scale, bias=base, norm_eps, hc_eps, out_flag=1) then
