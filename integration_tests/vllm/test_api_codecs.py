@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -221,3 +222,36 @@ def test_responses_tool_search_items(server, checkpoint):
     got = post(server, "responses", body)
     assert got.status_code == 200, got.text
     assert served_prompt("responses", got) == want.token_ids
+
+
+def test_chat_regex_response_format(server, checkpoint):
+    """A ``regex`` response format, which vLLM's request model did not list (patch_request_models): the prompt is
+    the recipe's (that of plain text), the answer follows the regex, and a format without its regex is the
+    recipe's 400."""
+    body = sent_body("chat", {"messages": [{"role": "user", "content": "Pick a number."}],
+                              "thinking": {"type": "disabled"}, "response_format": {"type": "regex",
+                                                                                    "regex": "[0-9]{3}"}})
+    body["max_tokens"] = 8
+    want = recipe("chat", body, checkpoint)
+    got = post(server, "chat", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("chat", got) == want.token_ids
+    assert re.fullmatch("[0-9]{3}", got.json()["choices"][0]["message"]["content"])
+    missing = {**body, "response_format": {"type": "regex"}}
+    refused = recipe("chat", missing, checkpoint)
+    assert isinstance(refused, deepinfer_recipe.RecipeError)
+    got = post(server, "chat", missing)
+    assert got.status_code == 400 and refused.message in error_message(got), got.text
+
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "ultra"])
+def test_messages_document_blocks_and_the_official_efforts(server, checkpoint, effort):
+    """A ``document`` block (stubbed in place as unsupported) and efforts vLLM's request models did not list."""
+    body = sent_body("messages", {"output_config": {"effort": effort}, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+        {"type": "text", "text": "Summarise it."}]}]})
+    want = recipe("messages", body, checkpoint)
+    assert "[Unsupported document type: application/pdf]" in want.prompt
+    got = post(server, "messages", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("messages", got) == len(want.token_ids)

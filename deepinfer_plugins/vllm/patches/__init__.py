@@ -64,14 +64,33 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
   limits: vLLM's request models still refuse some bodies the official package accepts before any of this runs
-          (Chat: response formats it does not list, such as ``regex``; Responses: ``input_file`` parts, output
-          items without their required fields; Messages: efforts and content blocks its models do not list; all
-          three: a tool_choice naming an undeclared tool, with vLLM's own message).
+          (Responses: ``input_file`` parts, output items without their required fields; all three: a tool_choice
+          naming an undeclared tool, with vLLM's own message); patch_request_models lets the others through.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
           (the codec requests, the history, the thinking switches); integration_tests/vllm/test_api.py (a
           follow-up's prompt and answer equal those of the same history sent explicitly).
+
+patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat; vllm/entrypoints/anthropic/
+                      protocol.py, AnthropicContentBlock and AnthropicOutputConfig; the chat and completion
+                      protocols' ``structured_outputs_from_response_format``)
+  * ``ResponseFormat.type`` -> also ``regex`` (its ``regex`` kept as an extra field), which constrains the output
+    to that regex through vLLM's own ``structured_outputs.regex``.
+  * ``AnthropicContentBlock.type`` -> also ``document``; ``AnthropicOutputConfig.effort`` -> also ``none``,
+    ``minimal`` and ``ultra``.
+    why:  the official API accepts these (a regex format renders the prompt of plain text; a document block is
+          stubbed in place as unsupported; the efforts map to thinking on or off) and vLLM's request models
+          refused them with a 400 before the codec (patch_api_codecs) could render them.
+  how:  each Literal is widened and the models that contain it are rebuilt (pydantic copies a model's schema
+        into the models that contain it). vLLM's routers are imported when the app is built, after the plugin
+        has loaded, so their validators see the rebuilt models. The format conversion answers ``regex`` and
+        defers to vLLM's otherwise.
+  remove when: vLLM's request models accept these values (or a plugin can extend them).
+  tested: integration_tests/vllm/test_api_codecs.py (a regex format constrains the answer and renders the
+          recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
+          recipe's prompt); integration_tests/vllm/test_request_models.py (the widened models; unlisted values still
+          refused); tests/vllm/test_request_models.py (widening a Literal).
 
 patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;
              vllm/entrypoints/serve/engine/protocol.py, UsageInfo.__setattr__)
@@ -92,8 +111,9 @@ from __future__ import annotations
 
 
 def apply_all() -> list[str]:
-    from . import patch_arch_config, patch_api_codecs, patch_responses_store, patch_usage
+    from . import patch_arch_config, patch_api_codecs, patch_request_models, patch_responses_store, patch_usage
 
     applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply(),
-               "api_codecs": patch_api_codecs.apply(), "usage": patch_usage.apply()}
+               "api_codecs": patch_api_codecs.apply(), "request_models": patch_request_models.apply(),
+               "usage": patch_usage.apply()}
     return [name for name, done in applied.items() if done]

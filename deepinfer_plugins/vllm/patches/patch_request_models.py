@@ -1,0 +1,71 @@
+"""vLLM's request models take the values the official API accepts and vLLM's models do not list: a Chat ``regex``
+response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra`` (see the
+ledger in __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+_PATCHED_FLAG = "_deepinfer_patched"
+
+REGEX_FORMAT = "regex"
+MESSAGES_BLOCKS = ("document",)  # stubbed in place by the Messages codec, as the official package does
+MESSAGES_EFFORTS = ("none", "minimal", "ultra")
+
+
+def widen_literal(model, field: str, added: tuple[str, ...]) -> bool:
+    """Add ``added`` to the values of a pydantic model's ``Literal[...]`` (or ``Literal[...] | None``) field.
+    -> whether the field changed; the caller rebuilds the models that contain ``model``."""
+    info = model.model_fields[field]
+    options = get_args(info.annotation)
+    optional = type(None) in options
+    literal = next((option for option in options if get_args(option)), info.annotation) if optional \
+        else info.annotation
+    values = get_args(literal)
+    missing = tuple(value for value in added if value not in values)
+    if not missing:
+        return False
+    widened = Literal[(*values, *missing)]
+    info.annotation = widened | None if optional else widened
+    return True
+
+
+def regex_constraint(structured_outputs_from_response_format):
+    """Wrap vLLM's ``structured_outputs_from_response_format``: a ``regex`` response format constrains the output
+    to its ``regex`` (vLLM's own ``structured_outputs.regex``); every other format is vLLM's."""
+
+    def convert(structured_outputs, response_format):
+        if getattr(response_format, "type", None) != REGEX_FORMAT:
+            return structured_outputs_from_response_format(structured_outputs, response_format)
+        from dataclasses import replace
+
+        from vllm.sampling_params import StructuredOutputsParams
+
+        regex = getattr(response_format, REGEX_FORMAT, None)
+        if structured_outputs is None:
+            return StructuredOutputsParams(regex=regex)
+        return replace(structured_outputs, regex=regex)
+
+    setattr(convert, _PATCHED_FLAG, True)
+    return convert
+
+
+def apply() -> bool:
+    from vllm.entrypoints.anthropic import protocol as anthropic
+    from vllm.entrypoints.generate.base import protocol as base
+    from vllm.entrypoints.openai.chat_completion import protocol as chat
+    from vllm.entrypoints.openai.completion import protocol as completion
+
+    for module in (chat, completion):
+        convert = module.structured_outputs_from_response_format
+        if not getattr(convert, _PATCHED_FLAG, False):
+            module.structured_outputs_from_response_format = regex_constraint(convert)
+    changed = widen_literal(base.ResponseFormat, "type", (REGEX_FORMAT,))
+    changed |= widen_literal(anthropic.AnthropicContentBlock, "type", MESSAGES_BLOCKS)
+    changed |= widen_literal(anthropic.AnthropicOutputConfig, "effort", MESSAGES_EFFORTS)
+    if changed:  # inner models first: each rebuild copies the schemas of the models it contains
+        for model in (base.ResponseFormat, chat.ChatCompletionRequest, completion.CompletionRequest,
+                      anthropic.AnthropicContentBlock, anthropic.AnthropicMessage, anthropic.AnthropicOutputConfig,
+                      anthropic.AnthropicMessagesRequest, anthropic.AnthropicCountTokensRequest):
+            model.model_rebuild(force=True)
+    return True

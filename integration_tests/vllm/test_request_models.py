@@ -1,0 +1,60 @@
+"""vLLM's request models after patch_request_models (vllm/patches/patch_request_models.py), in-process: the values
+the official API accepts validate, the values nobody lists are still refused, and a ``regex`` response format
+becomes vLLM's regex constraint (Chat and Completions alike)."""
+
+import pytest
+from pydantic import ValidationError
+
+from deepinfer_plugins.vllm.patches import patch_request_models
+
+
+@pytest.fixture(scope="module", autouse=True)
+def patched():
+    assert patch_request_models.apply() and patch_request_models.apply()  # applying twice changes nothing more
+
+
+def chat(response_format):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 "response_format": response_format})
+
+
+def messages(content, effort=None):
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    if effort is not None:
+        body["output_config"] = {"effort": effort}
+    return AnthropicMessagesRequest.model_validate(body)
+
+
+def test_a_regex_response_format_is_a_regex_constraint():
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    assert chat({"type": "regex", "regex": "[0-9]+"}).extract_structured_outputs().regex == "[0-9]+"
+    completion = CompletionRequest.model_validate({"model": "m", "prompt": "x",
+                                                   "response_format": {"type": "regex", "regex": "a|b"}})
+    assert completion.extract_structured_outputs().regex == "a|b"
+    assert chat({"type": "json_object"}).extract_structured_outputs().json_object  # vLLM's own formats unchanged
+    assert chat({"type": "text"}).extract_structured_outputs() is None
+    with pytest.raises(ValidationError):
+        chat({"type": "grammar", "grammar": "root ::= x"})
+
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "ultra", "max", "low"])
+def test_messages_efforts_of_the_official_api(effort):
+    assert messages("hi", effort).output_config.effort == effort
+
+
+def test_document_blocks_and_unlisted_values():
+    from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest
+
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}}
+    request = messages([document, {"type": "text", "text": "Summarise."}])
+    assert [block.type for block in request.messages[0].content] == ["document", "text"]
+    AnthropicCountTokensRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [document]}]})
+    with pytest.raises(ValidationError):
+        messages("hi", "extreme")
+    with pytest.raises(ValidationError):
+        messages([{"type": "video", "source": {}}])
