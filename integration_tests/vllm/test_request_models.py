@@ -53,8 +53,40 @@ def test_document_blocks_and_unlisted_values():
     document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}}
     request = messages([document, {"type": "text", "text": "Summarise."}])
     assert [block.type for block in request.messages[0].content] == ["document", "text"]
-    AnthropicCountTokensRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [document]}]})
+    AnthropicCountTokensRequest.model_validate({"model": "m",
+                                                "messages": [{"role": "user", "content": [document]}]})
     with pytest.raises(ValidationError):
         messages("hi", "extreme")
     with pytest.raises(ValidationError):
         messages([{"type": "video", "source": {}}])
+
+
+def test_another_models_messages_path_still_refuses_them():
+    """Served by a renderer other than ours, vLLM's conversion would drop a document block: those values are
+    refused with a 400 as before; the handler runs for everything else and for our renderer."""
+    import asyncio
+
+    from deepinfer_plugins.vllm.tokenizer import DeepInferRenderer
+
+    calls = []
+
+    class Serving:
+        renderer = object()
+
+        def create_error_response(self, message):
+            return ("400", message)
+
+    async def handler(self, request, raw_request=None):
+        calls.append(request)
+        return "served"
+
+    handle = patch_request_models.refused_elsewhere(handler)
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}}
+    with_document, plain = messages([document]), messages("hi", "high")
+    assert asyncio.run(handle(Serving(), with_document)) == \
+        ("400", "a 'document' content block is not supported for this model")
+    assert asyncio.run(handle(Serving(), messages("hi", "ultra")))[0] == "400"
+    assert asyncio.run(handle(Serving(), plain)) == "served" and calls == [plain]
+    ours = Serving()
+    ours.renderer = DeepInferRenderer.__new__(DeepInferRenderer)
+    assert asyncio.run(handle(ours, with_document)) == "served"

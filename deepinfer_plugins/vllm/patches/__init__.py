@@ -74,7 +74,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
 
 patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat; vllm/entrypoints/anthropic/
                       protocol.py, AnthropicContentBlock and AnthropicOutputConfig; the chat and completion
-                      protocols' ``structured_outputs_from_response_format``)
+                      protocols' ``structured_outputs_from_response_format``; vllm/entrypoints/anthropic/
+                      serving.py, AnthropicServingMessages.create_messages and count_tokens)
   * ``ResponseFormat.type`` -> also ``regex`` (its ``regex`` kept as an extra field), which constrains the output
     to that regex through vLLM's own ``structured_outputs.regex``.
   * ``AnthropicContentBlock.type`` -> also ``document``; ``AnthropicOutputConfig.effort`` -> also ``none``,
@@ -85,12 +86,14 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
   how:  each Literal is widened and the models that contain it are rebuilt (pydantic copies a model's schema
         into the models that contain it). vLLM's routers are imported when the app is built, after the plugin
         has loaded, so their validators see the rebuilt models. The format conversion answers ``regex`` and
-        defers to vLLM's otherwise.
+        defers to vLLM's otherwise. Where another model's renderer serves a Messages request (its conversion
+        would drop a document block), the Messages handlers refuse the added values with a 400, as before.
   remove when: vLLM's request models accept these values (or a plugin can extend them).
   tested: integration_tests/vllm/test_api_codecs.py (a regex format constrains the answer and renders the
           recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
           recipe's prompt); integration_tests/vllm/test_request_models.py (the widened models; unlisted values still
-          refused); tests/vllm/test_request_models.py (widening a Literal).
+          refused, and refused still for another model's renderer); tests/vllm/test_request_models.py (widening a
+          Literal).
 
 patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;
              vllm/entrypoints/serve/engine/protocol.py, UsageInfo.__setattr__)

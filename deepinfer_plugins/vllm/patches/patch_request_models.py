@@ -1,12 +1,14 @@
 """vLLM's request models take the values the official API accepts and vLLM's models do not list: a Chat ``regex``
 response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra`` (see the
-ledger in __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through."""
+ledger in __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
+to our renderer where another model's path would lose them."""
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
 _PATCHED_FLAG = "_deepinfer_patched"
+_REFUSED_FLAG = "_deepinfer_refused_elsewhere"  # its own flag: patch_api_codecs wraps the same handlers
 
 REGEX_FORMAT = "regex"
 MESSAGES_BLOCKS = ("document",)  # stubbed in place by the Messages codec, as the official package does
@@ -28,6 +30,35 @@ def widen_literal(model, field: str, added: tuple[str, ...]) -> bool:
     widened = Literal[(*values, *missing)]
     info.annotation = widened | None if optional else widened
     return True
+
+
+def official_only_values(request) -> list[str]:
+    """The values of a Messages request that only the widened models accept."""
+    found = []
+    effort = getattr(getattr(request, "output_config", None), "effort", None)
+    if effort in MESSAGES_EFFORTS:
+        found.append(f"output_config.effort {effort!r}")
+    for message in getattr(request, "messages", None) or []:
+        blocks = message.content if isinstance(message.content, list) else []
+        found += [f"a {block.type!r} content block" for block in blocks if block.type in MESSAGES_BLOCKS]
+    return found
+
+
+def refused_elsewhere(handler):
+    """Wrap a Messages handler: where a model other than ours serves the request, its conversion would drop a
+    document block or pass on an effort its template does not know, so those values are refused with a 400, as
+    vLLM's models refused them."""
+
+    async def handle(self, request, raw_request=None):
+        from .patch_api_codecs import deepinfer_renders
+
+        found = official_only_values(request)
+        if found and not deepinfer_renders(self):
+            return self.create_error_response(f"{', '.join(found)} is not supported for this model")
+        return await handler(self, request, raw_request)
+
+    setattr(handle, _REFUSED_FLAG, True)
+    return handle
 
 
 def regex_constraint(structured_outputs_from_response_format):
@@ -54,8 +85,12 @@ def apply() -> bool:
     from vllm.entrypoints.anthropic import protocol as anthropic
     from vllm.entrypoints.generate.base import protocol as base
     from vllm.entrypoints.openai.chat_completion import protocol as chat
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
     from vllm.entrypoints.openai.completion import protocol as completion
 
+    for name in ("create_messages", "count_tokens"):
+        if not getattr(getattr(AnthropicServingMessages, name), _REFUSED_FLAG, False):
+            setattr(AnthropicServingMessages, name, refused_elsewhere(getattr(AnthropicServingMessages, name)))
     for module in (chat, completion):
         convert = module.structured_outputs_from_response_format
         if not getattr(convert, _PATCHED_FLAG, False):
