@@ -15,7 +15,7 @@ import torch
 
 from .cache import cache_gather
 from .quant import dequant_fp8_rows
-from .reference import hc_collapse, rms_norm, sparse_attention
+from .reference import attend_gathered, hc_collapse, rms_norm, sparse_attention
 from .registry import registry
 
 
@@ -127,12 +127,18 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
     may be row-strided views (an engine's cache row holds more than the record). A decode kernel that reads the
     records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
     """
-    pool_of = records_pool_per_reference if q.shape[0] <= PER_REFERENCE_POOL_ROWS else records_pool
-    pool, indices = pool_of(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype)
+    if q.shape[0] <= PER_REFERENCE_ROWS:
+        keys = torch.cat((cache_gather.reference(window_cache, window_slots, "fp8_window", q.shape[-1], q.dtype),
+                          cache_gather.reference(compressed_cache, compressed_slots, "nvfp4", q.shape[-1], q.dtype)),
+                         dim=1)  # [T, W + C, D]
+        valid = torch.cat((window_slots, compressed_slots), dim=1) >= 0
+        return attend_gathered(q, keys, valid, sink, softmax_scale)
+    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype)
     return sparse_attention.reference(q, pool, indices, sink, softmax_scale)
 
 
-# Up to this many query rows (a decode batch: rows of different sequences, which share no key) the keys are
-# decoded per reference; above it (prefill rows of one sequence share most keys) each distinct key once. The pools
-# hold the same values, so the result is the same bit for bit; only the cost differs (~25% less at one row).
-PER_REFERENCE_POOL_ROWS = 16
+# Up to this many query rows (a decode batch: rows of different sequences, which share no key) each row's keys are
+# decoded in its own order and attended as they are; above it (prefill rows of one sequence share most keys) each
+# distinct key is decoded once into a pool the rows index. The keys have the same values either way, so the
+# result is the same bit for bit; only the cost differs (about a third less at one row).
+PER_REFERENCE_ROWS = 16

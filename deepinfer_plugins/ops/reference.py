@@ -121,8 +121,14 @@ KEY_TILE_BYTES = 2 << 20
 
 def sparse_attention_rows(q: torch.Tensor, kv_pool: torch.Tensor, indices: torch.Tensor, sink: torch.Tensor,
                           softmax_scale: float) -> torch.Tensor:
-    valid = indices >= 0
-    keys = kv_pool[indices.clamp(min=0)].float()  # [T, K, D]
+    return attend_gathered(q, kv_pool[indices.clamp(min=0)], indices >= 0, sink, softmax_scale)
+
+
+def attend_gathered(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
+                    softmax_scale: float) -> torch.Tensor:
+    """``sparse_attention`` over each row's keys already gathered: keys [T, K, D], valid [T, K] (False = unused
+    slot), so a caller that decodes them per row does not copy them again through a pool."""
+    keys = keys.float()
     logits = torch.einsum("thd,tkd->thk", q.float(), keys) * softmax_scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     sink_logit = sink.float()[None, :, None].expand(logits.shape[0], -1, 1)

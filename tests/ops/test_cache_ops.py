@@ -37,3 +37,30 @@ def test_fp4_nibble_order_and_sign():
     x[0, 0], x[0, 1] = 6.0, -1e-9  # code 7 in the low nibble; tiny negative -> negative zero (code 8)
     rec = ops.pack_cache_records(x, "mxfp4")
     assert rec[0, 0].item() == 0x87
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,entries", [(1, 64), (5, 0), (16, 64), (17, 64), (40, 8)])
+def test_sparse_attention_over_records_is_attention_over_the_decoded_pool(rows, entries, dtype):
+    """Up to ``PER_REFERENCE_ROWS`` rows each row's keys are decoded in its own order, above it each distinct key
+    once into a shared pool: either way the result is ``sparse_attention`` over the pool of decoded keys, bit for
+    bit, with unused slots (a row with none at all too) and rows that share keys."""
+    from deepinfer_plugins.ops.fused import PER_REFERENCE_ROWS, records_pool
+
+    assert (rows <= PER_REFERENCE_ROWS) == (rows in (1, 5, 16))  # both paths are covered
+
+    g = torch.Generator().manual_seed(rows * 100 + entries)
+    window = ops.pack_cache_records(torch.randn(300, 128, generator=g), "fp8_window")
+    compressed = ops.pack_cache_records(torch.randn(90, 128, generator=g), "nvfp4")
+    window_slots = torch.randint(0, 60, (rows, 32), generator=g)  # few distinct keys: rows share them
+    compressed_slots = torch.randint(0, 90, (rows, entries), generator=g)
+    window_slots[0, -5:] = -1
+    compressed_slots[:, -3:] = -1
+    if rows > 1:
+        window_slots[1], compressed_slots[1] = -1, -1
+    q = torch.randn(rows, 8, 128, generator=g).to(dtype)
+    sink = torch.randn(8, generator=g)
+    pool, indices = records_pool(window, window_slots, compressed, compressed_slots, 128, dtype)
+    want = ops.sparse_attention.reference(q, pool, indices, sink, 0.1)
+    got = ops.sparse_attention_records.reference(q, window, window_slots, compressed, compressed_slots, sink, 0.1)
+    assert got.dtype == dtype and torch.equal(got, want)
