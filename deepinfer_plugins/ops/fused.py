@@ -127,13 +127,13 @@ def sparse_attention_records(q: torch.Tensor, window_cache: torch.Tensor, window
     may be row-strided views (an engine's cache row holds more than the record). A decode kernel that reads the
     records moves 528 / 288 bytes per key instead of 1024 for a bf16 pool.
     """
+    dim, dtype = q.shape[-1], q.dtype
     if q.shape[0] <= PER_REFERENCE_ROWS:
-        keys = torch.cat((cache_gather.reference(window_cache, window_slots, "fp8_window", q.shape[-1], q.dtype),
-                          cache_gather.reference(compressed_cache, compressed_slots, "nvfp4", q.shape[-1], q.dtype)),
-                         dim=1)  # [T, W + C, D]
+        keys = torch.cat((cache_gather.reference(window_cache, window_slots, "fp8_window", dim, dtype),
+                          cache_gather.reference(compressed_cache, compressed_slots, "nvfp4", dim, dtype)), dim=1)
         valid = torch.cat((window_slots, compressed_slots), dim=1) >= 0
-        return attend_gathered(q, keys, valid, sink, softmax_scale)
-    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, q.shape[-1], q.dtype)
+        return attend_gathered(q, keys, valid, sink, softmax_scale)  # keys [T, W + C, D]
+    pool, indices = records_pool(window_cache, window_slots, compressed_cache, compressed_slots, dim, dtype)
     return sparse_attention.reference(q, pool, indices, sink, softmax_scale)
 
 
