@@ -64,8 +64,10 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
   limits: vLLM's request models still refuse some bodies the official package accepts before any of this runs
-          (Responses: ``input_file`` parts, output items without their required fields; all three: a tool_choice
-          naming an undeclared tool, with vLLM's own message); patch_request_models lets the others through.
+          (Responses: ``input_file`` parts inside assistant messages, hosted-tool items and tools without the
+          fields OpenAI's types require, such as a ``computer_call`` with only its ids or a bare ``file_search``
+          tool, which the official package drops; all three: a tool_choice naming an undeclared tool, with vLLM's
+          own message); patch_request_models lets the others through.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
