@@ -58,12 +58,12 @@ def indexer_scores_records(q: torch.Tensor, head_weights: torch.Tensor, key_reco
     if query_counts is None:
         return indexer_scores.reference(q, head_weights, record_keys(q, key_records, key_slots))
     if query_counts and min(query_counts) == max(query_counts) > 0:
-        # decode and verification steps: every sequence has the same rows, so the batch scores in one product
-        # (equal to the per-sequence products bit for bit: the same GEMM per sequence)
-        rows = query_counts[0]
-        dots = torch.einsum("bqhd,bnd->bqhn", q.float().unflatten(0, (-1, rows)),
-                            record_keys(q, key_records, key_slots).float()).relu()
-        return torch.einsum("bqhn,bqh->bqn", dots, head_weights.float().unflatten(0, (-1, rows))).flatten(0, 1)
+        # decode and verification steps: every sequence has the same rows, so the batch scores in one batched call
+        # (equal to the per-sequence calls bit for bit: the same GEMM per sequence)
+        rows = (-1, query_counts[0])
+        scores = torch.vmap(indexer_scores.reference)(q.unflatten(0, rows), head_weights.unflatten(0, rows),
+                                                      record_keys(q, key_records, key_slots))
+        return scores.flatten(0, 1)
     scores = [indexer_scores.reference(q_b, w_b, record_keys(q, key_records, slots_b)) for q_b, w_b, slots_b in
               zip(q.split(query_counts), head_weights.split(query_counts), key_slots)]
     return torch.cat(scores) if scores else q.new_zeros(0, key_slots.shape[-1], dtype=torch.float32)

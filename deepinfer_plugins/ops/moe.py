@@ -98,12 +98,18 @@ def experts_one_by_one(x: torch.Tensor, route_weights: torch.Tensor, expert_ids:
             rows = x[token]
             gate = project(rows, experts.w1[expert], _at(experts.w1_scale, expert))
             up = project(rows, experts.w3[expert], _at(experts.w3_scale, expert))
-            hidden = swiglu.reference(gate, up, swiglu_limit)
-            hidden = (hidden.float() * route_weights[token, slot][:, None]).to(x.dtype)
+            hidden = weighted_activation(gate, up, route_weights[token, slot], swiglu_limit, x.dtype)
             out = project(hidden, experts.w2[expert], _at(experts.w2_scale, expert))
             routed.index_add_(0, token, out.float())
         start += count
     return routed
+
+
+def weighted_activation(gate: torch.Tensor, up: torch.Tensor, route_weights: torch.Tensor,
+                        swiglu_limit: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """An expert's SwiGLU of its rows times each row's router weight [rows], rounded to ``dtype``: the rounding
+    every implementation of ``moe_experts`` follows (scaling the output instead rounds differently in bf16)."""
+    return (swiglu.reference(gate, up, swiglu_limit).float() * route_weights[:, None]).to(dtype)
 
 
 def _at(scale: torch.Tensor | None, expert: int) -> torch.Tensor | None:

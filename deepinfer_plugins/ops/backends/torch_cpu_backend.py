@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..moe import ExpertWeights, sort_by_expert
-from ..reference import swiglu
+from ..moe import ExpertWeights, sort_by_expert, weighted_activation
 from ..registry import hookimpl
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -36,8 +35,7 @@ def grouped_moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids
     rows = x[token]
     gate = torch._grouped_mm(rows, experts.w1.transpose(1, 2), offs=group_ends)
     up = torch._grouped_mm(rows, experts.w3.transpose(1, 2), offs=group_ends)
-    hidden = swiglu.reference(gate, up, swiglu_limit)
-    hidden = (hidden.float() * route_weights.reshape(-1)[assignment][:, None]).to(x.dtype)
+    hidden = weighted_activation(gate, up, route_weights.reshape(-1)[assignment], swiglu_limit, x.dtype)
     out = torch._grouped_mm(hidden, experts.w2.transpose(1, 2), offs=group_ends)
     return torch.zeros(x.shape, dtype=torch.float32).index_add_(0, token, out.float())
 
