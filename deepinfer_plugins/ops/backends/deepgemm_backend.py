@@ -48,9 +48,8 @@ import weakref
 
 import torch
 
-from ..moe import ExpertWeights, combine_in_expert_order, sort_by_expert
+from ..moe import ExpertWeights, combine_in_expert_order, sort_by_expert, weighted_activation
 from ..quant import fp8_block_quant
-from ..reference import swiglu
 from ..registry import hookimpl
 
 WEIGHT_BLOCK = 32
@@ -222,8 +221,7 @@ def moe_experts(x: torch.Tensor, route_weights: torch.Tensor, expert_ids: torch.
     values, scales = values[token], scales[token]
     gate = _grouped_gemm(values, scales, *layout, experts.w1, experts.w1_scale, *tuning)
     up = _grouped_gemm(values, scales, *layout, experts.w3, experts.w3_scale, *tuning)
-    hidden = swiglu(gate, up, swiglu_limit)
-    hidden = (hidden.float() * route_weights[token, slot][:, None]).to(x.dtype)
+    hidden = weighted_activation(gate, up, route_weights[token, slot], swiglu_limit, x.dtype)
     hidden_values, hidden_scales = fp8_block_quant(hidden, WEIGHT_BLOCK)
     down = _grouped_gemm(hidden_values, hidden_scales, *layout, experts.w2, experts.w2_scale, *tuning)
     return combine_in_expert_order(down, order, expert_ids)
