@@ -35,8 +35,7 @@ import gen  # noqa: E402  (the recipe's request generators)
 
 SEEDS = range(32)
 # What vLLM's own request models refuse before any renderer runs (limits in the patch ledger).
-REFUSED_BY_VLLM = ("validation error", "not found in 'tools'", "does not match any of the specified `tools`",
-                   "`tools` must be set")
+REFUSED_BY_VLLM = ("validation error", "not found in 'tools'", "`tools` must be set")
 
 
 def sent_body(api: str, body: dict) -> dict:
@@ -255,3 +254,25 @@ def test_messages_document_blocks_and_the_official_efforts(server, checkpoint, e
     got = post(server, "messages", body)
     assert got.status_code == 200, got.text
     assert served_prompt("messages", got) == len(want.token_ids)
+
+
+UNDECLARED_CHOICES = {
+    "chat": {"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+             "tool_choice": {"type": "function", "function": {"name": "search"}}},
+    "responses": {"tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}],
+                  "tool_choice": {"type": "function", "name": "search"}},
+    "messages": {"tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+                 "tool_choice": {"type": "tool", "name": "search"}},
+}
+
+
+@pytest.mark.parametrize("api", UNDECLARED_CHOICES)
+def test_a_tool_choice_naming_no_declared_tool_is_the_official_400(server, checkpoint, api):
+    """vLLM's Chat and Responses request models refuse it before any codec runs, with the official package's
+    message (patch_request_models); a Messages body reaches the codec, which refuses it the same way."""
+    conversation = {"input": "Hi."} if api == "responses" else {"messages": [{"role": "user", "content": "Hi."}]}
+    body = sent_body(api, {**conversation, **UNDECLARED_CHOICES[api]})
+    refused = recipe(api, body, checkpoint)
+    assert isinstance(refused, deepinfer_recipe.RecipeError) and "no function named 'search'" in refused.message
+    got = post(server, api, body)
+    assert got.status_code == 400 and refused.message in error_message(got), got.text

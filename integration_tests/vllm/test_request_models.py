@@ -90,3 +90,48 @@ def test_another_models_messages_path_still_refuses_them():
     ours = Serving()
     ours.renderer = DeepInferRenderer.__new__(DeepInferRenderer)
     assert asyncio.run(handle(ours, with_document)) == "served"
+
+
+def chat_with_tools(tool_choice, tools=({"type": "function", "function": {"name": "lookup"}},)):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 "tools": list(tools), "tool_choice": tool_choice})
+
+
+def responses_with_tools(tool_choice, tools=({"type": "function", "name": "lookup"},)):
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    return ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": list(tools),
+                                            "tool_choice": tool_choice})
+
+
+@pytest.mark.parametrize("name", ["nope", ""])
+def test_a_tool_choice_naming_no_declared_tool_is_refused_with_the_official_message(name):
+    from vllm.exceptions import VLLMValidationError
+
+    for refuse in (lambda: chat_with_tools({"type": "function", "function": {"name": name}}),
+                   lambda: responses_with_tools({"type": "function", "name": name})):
+        with pytest.raises(VLLMValidationError) as refused:
+            refuse()
+        assert refused.value.args[0] == patch_request_models.UNDECLARED_TOOL.format(name)
+        assert refused.value.parameter == "tool_choice"
+    assert chat_with_tools({"type": "function", "function": {"name": "lookup"}}).tool_choice.function.name == \
+        "lookup"
+    assert responses_with_tools({"type": "function", "name": "lookup"}).tool_choice.name == "lookup"
+
+
+def test_vllms_other_tool_choice_refusals_keep_their_messages():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="`tools` must be set"):
+        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                              "tool_choice": {"type": "function", "function": {"name": "x"}}})
+    with pytest.raises(VLLMValidationError, match="Expected field `name`"):
+        chat_with_tools({"type": "function", "function": {}})
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    with pytest.raises(VLLMValidationError, match="not found in 'tools'"):  # no tools at all
+        ResponsesRequest.model_validate({"model": "m", "input": "hi", "tool_choice": {"type": "function",
+                                                                                      "name": "x"}})

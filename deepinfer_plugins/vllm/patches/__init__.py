@@ -66,8 +66,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
   limits: vLLM's request models still refuse some bodies the official package accepts before any of this runs
           (Responses: ``input_file`` parts inside assistant messages, hosted-tool items and tools without the
           fields OpenAI's types require, such as a ``computer_call`` with only its ids or a bare ``file_search``
-          tool, which the official package drops; all three: a tool_choice naming an undeclared tool, with vLLM's
-          own message); patch_request_models lets the others through.
+          tool, which the official package drops; all three: a named tool_choice with no tools, which the official
+          package renders); patch_request_models lets the others through.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
@@ -76,8 +76,9 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
 
 patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat; vllm/entrypoints/anthropic/
                       protocol.py, AnthropicContentBlock and AnthropicOutputConfig; the chat and completion
-                      protocols' ``structured_outputs_from_response_format``; vllm/entrypoints/anthropic/
-                      serving.py, AnthropicServingMessages.create_messages and count_tokens)
+                      protocols' ``structured_outputs_from_response_format``; the chat and responses protocols'
+                      request models; vllm/entrypoints/anthropic/serving.py, AnthropicServingMessages.
+                      create_messages and count_tokens)
   * ``ResponseFormat.type`` -> also ``regex`` (its ``regex`` kept as an extra field), which constrains the output
     to that regex through vLLM's own ``structured_outputs.regex``.
   * ``AnthropicContentBlock.type`` -> also ``document``; ``AnthropicOutputConfig.effort`` -> also ``none``,
@@ -85,17 +86,24 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
     why:  the official API accepts these (a regex format renders the prompt of plain text; a document block is
           stubbed in place as unsupported; the efforts map to thinking on or off) and vLLM's request models
           refused them with a 400 before the codec (patch_api_codecs) could render them.
-  how:  each Literal is widened and the models that contain it are rebuilt (pydantic copies a model's schema
-        into the models that contain it). vLLM's routers are imported when the app is built, after the plugin
-        has loaded, so their validators see the rebuilt models. The format conversion answers ``regex`` and
-        defers to vLLM's otherwise. Where another model's renderer serves a Messages request (its conversion
-        would drop a document block), the Messages handlers refuse the added values with a 400, as before.
-  remove when: vLLM's request models accept these values (or a plugin can extend them).
+  * ``ChatCompletionRequest.check_tool_usage``, ``ResponsesRequest.check_tool_usage`` -> their refusal of a named
+    tool_choice that names no declared tool (or an empty name) carries the official message ("Invalid value for
+    'tool_call': no function named ...").
+    why:  Chat and Responses bodies meet these validators before any codec runs (a Messages body reaches its
+          codec, which refuses it); the official package refuses the same requests with its own message.
+  how:  each Literal is widened, the validator is swapped in the model's pydantic decorators, and the models
+        that contain them are rebuilt (pydantic copies a model's schema into the models that contain it). vLLM's
+        routers are imported when the app is built, after the plugin has loaded, so their validators see the
+        rebuilt models. The format conversion answers ``regex`` and defers to vLLM's otherwise. Where another
+        model's renderer serves a Messages request (its conversion would drop a document block), the Messages
+        handlers refuse the added values with a 400, as before.
+  remove when: vLLM's request models accept these values and let a plugin word their refusals.
   tested: integration_tests/vllm/test_api_codecs.py (a regex format constrains the answer and renders the
           recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
-          recipe's prompt); integration_tests/vllm/test_request_models.py (the widened models; unlisted values still
-          refused, and refused still for another model's renderer); tests/vllm/test_request_models.py (widening a
-          Literal).
+          recipe's prompt; an undeclared tool choice is the official 400 in all three APIs);
+          integration_tests/vllm/test_request_models.py (the widened models; unlisted values still refused, and
+          refused still for another model's renderer; the tool-choice message, vLLM's other refusals unchanged);
+          tests/vllm/test_request_models.py (widening a Literal).
 
 patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;
              vllm/entrypoints/serve/engine/protocol.py, UsageInfo.__setattr__)

@@ -1,7 +1,9 @@
 """vLLM's request models take the values the official API accepts and vLLM's models do not list: a Chat ``regex``
 response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra`` (see the
 ledger in __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
-to our renderer where another model's path would lose them."""
+to our renderer where another model's path would lose them. A named tool choice that names no declared tool is
+still refused by vLLM's Chat and Responses request models, which run before any codec, but with the official
+message."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ _REFUSED_FLAG = "_deepinfer_refused_elsewhere"  # its own flag: patch_api_codecs
 REGEX_FORMAT = "regex"
 MESSAGES_BLOCKS = ("document",)  # stubbed in place by the Messages codec, as the official package does
 MESSAGES_EFFORTS = ("none", "minimal", "ultra")
+UNDECLARED_TOOL = "Invalid value for 'tool_call': no function named '{}' was specified in the 'tools' parameter."
 
 
 def widen_literal(model, field: str, added: tuple[str, ...]) -> bool:
@@ -81,12 +84,57 @@ def regex_constraint(structured_outputs_from_response_format):
     return convert
 
 
+def chat_choice_name(choice: dict):
+    function = choice.get("function")
+    return function.get("name") if isinstance(function, dict) else None
+
+
+def responses_choice_name(choice: dict):
+    return choice.get("name")
+
+
+def official_tool_choice_refusal(check_tool_usage, choice_name):
+    """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod): where
+    it refuses a named tool choice of a body that declares tools (the name is undeclared, or empty), the refusal
+    carries the official package's message. These validators run before any codec; their other refusals are
+    vLLM's."""
+
+    def check(cls, data):
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            return check_tool_usage(cls, data)
+        except VLLMValidationError as exc:
+            choice = data.get("tool_choice") if isinstance(data, dict) and data.get("tools") else None
+            name = choice_name(choice) if isinstance(choice, dict) else None
+            if not isinstance(name, str) or not (exc.parameter or "").startswith("tool_choice"):
+                raise
+            raise VLLMValidationError(UNDECLARED_TOOL.format(name), parameter="tool_choice") from None
+
+    setattr(check, _PATCHED_FLAG, True)
+    return check
+
+
+def patch_tool_choice_refusal(request_model, choice_name) -> bool:
+    """Swap the wrapped validator into the model's pydantic decorators; -> whether it changed (rebuild then)."""
+    from dataclasses import replace
+
+    validators = request_model.__pydantic_decorators__.model_validators
+    decorator = validators["check_tool_usage"]
+    if getattr(decorator.func.__func__, _PATCHED_FLAG, False):
+        return False
+    wrapped = official_tool_choice_refusal(decorator.func.__func__, choice_name)
+    validators["check_tool_usage"] = replace(decorator, func=classmethod(wrapped).__get__(None, request_model))
+    return True
+
+
 def apply() -> bool:
     from vllm.entrypoints.anthropic import protocol as anthropic
     from vllm.entrypoints.generate.base import protocol as base
     from vllm.entrypoints.openai.chat_completion import protocol as chat
     from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
     from vllm.entrypoints.openai.completion import protocol as completion
+    from vllm.entrypoints.openai.responses import protocol as responses
 
     for name in ("create_messages", "count_tokens"):
         if not getattr(getattr(AnthropicServingMessages, name), _REFUSED_FLAG, False):
@@ -98,9 +146,12 @@ def apply() -> bool:
     changed = widen_literal(base.ResponseFormat, "type", (REGEX_FORMAT,))
     changed |= widen_literal(anthropic.AnthropicContentBlock, "type", MESSAGES_BLOCKS)
     changed |= widen_literal(anthropic.AnthropicOutputConfig, "effort", MESSAGES_EFFORTS)
+    changed |= patch_tool_choice_refusal(chat.ChatCompletionRequest, chat_choice_name)
+    changed |= patch_tool_choice_refusal(responses.ResponsesRequest, responses_choice_name)
     if changed:  # inner models first: each rebuild copies the schemas of the models it contains
         for model in (base.ResponseFormat, chat.ChatCompletionRequest, completion.CompletionRequest,
                       anthropic.AnthropicContentBlock, anthropic.AnthropicMessage, anthropic.AnthropicOutputConfig,
-                      anthropic.AnthropicMessagesRequest, anthropic.AnthropicCountTokensRequest):
+                      anthropic.AnthropicMessagesRequest, anthropic.AnthropicCountTokensRequest,
+                      responses.ResponsesRequest):
             model.model_rebuild(force=True)
     return True
