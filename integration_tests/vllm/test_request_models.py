@@ -135,3 +135,8 @@ def test_vllms_other_tool_choice_refusals_keep_their_messages():
     with pytest.raises(VLLMValidationError, match="not found in 'tools'"):  # no tools at all
         ResponsesRequest.model_validate({"model": "m", "input": "hi", "tool_choice": {"type": "function",
                                                                                       "name": "x"}})
+    namespaces = [{"type": "namespace", "name": space, "description": "d",
+                   "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}
+                  for space in ("mail", "files")]
+    with pytest.raises(VLLMValidationError, match="ambiguous"):  # declared twice, not undeclared
+        responses_with_tools({"type": "function", "name": "lookup"}, namespaces)

@@ -93,11 +93,22 @@ def responses_choice_name(choice: dict):
     return choice.get("name")
 
 
+def declared_tool_names(tools: list) -> set:
+    """Every name a tool choice may give: Chat functions, Responses tools and the members of their namespaces."""
+    names = set()
+    for tool in (tool for tool in tools if isinstance(tool, dict)):
+        function = tool.get("function")
+        names.add(function.get("name") if isinstance(function, dict) else tool.get("name"))
+        members = tool.get("tools") if tool.get("type") == "namespace" else None
+        names.update(member.get("name") for member in members or () if isinstance(member, dict))
+    return names
+
+
 def official_tool_choice_refusal(check_tool_usage, choice_name):
     """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod): where
-    it refuses a named tool choice of a body that declares tools (the name is undeclared, or empty), the refusal
-    carries the official package's message. These validators run before any codec; their other refusals are
-    vLLM's."""
+    it refuses a named tool choice whose name (possibly empty) no tool of the body declares, the refusal carries
+    the official package's message. These validators run before any codec; their other refusals (an ambiguous
+    namespace member among them) are vLLM's."""
 
     def check(cls, data):
         from vllm.exceptions import VLLMValidationError
@@ -105,9 +116,11 @@ def official_tool_choice_refusal(check_tool_usage, choice_name):
         try:
             return check_tool_usage(cls, data)
         except VLLMValidationError as exc:
-            choice = data.get("tool_choice") if isinstance(data, dict) and data.get("tools") else None
+            tools = data.get("tools") if isinstance(data, dict) else None
+            choice = data.get("tool_choice") if isinstance(tools, list) and tools else None
             name = choice_name(choice) if isinstance(choice, dict) else None
-            if not isinstance(name, str) or not (exc.parameter or "").startswith("tool_choice"):
+            if (not isinstance(name, str) or name in declared_tool_names(tools)
+                    or not (exc.parameter or "").startswith("tool_choice")):
                 raise
             raise VLLMValidationError(UNDECLARED_TOOL.format(name), parameter="tool_choice") from None
 
