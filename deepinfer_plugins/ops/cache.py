@@ -120,6 +120,8 @@ def cache_write(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, fmt: 
 def cache_gather(cache: torch.Tensor, slots: torch.Tensor, fmt: str, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """Dequantised rows of cache [S, R] at slots [...] -> [..., dim] in ``dtype``; slot -1 gives zeros."""
     flat = slots.reshape(-1)
+    if cache.shape[0] == 0:  # nothing stored yet (a sequence's first tokens): every slot is -1
+        return torch.zeros(*slots.shape, dim, dtype=dtype, device=slots.device)
     rows = unpack_cache_records.reference(cache[flat.clamp(min=0)], fmt, dim, dtype)  # [n, dim]
     rows = torch.where((flat >= 0)[:, None], rows, torch.zeros((), dtype=dtype, device=rows.device))
     return rows.reshape(*slots.shape, dim)

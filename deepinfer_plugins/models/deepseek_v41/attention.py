@@ -297,9 +297,13 @@ class Attention(nn.Module):
         one call, or reused from the last index source (each chunk keeps its rows' ids in ``published``)."""
         query_counts = [chunk.num_query_rows for chunk in chunks]
         if self.is_index_source:
-            q_index, weights = self.indexer.queries(x_query, q_latent, query_pos, self.rotate)
-            key_records, key_slots = store.index_key_slots(source, chunks)
-            selected = self.indexer(q_index, weights, query_pos, key_records, key_slots, chunks)
+            if self.indexer.selects_every_visible_entry(chunks):
+                num_entries = max(chunk.state.compressed(source).num_entries for chunk in chunks)
+                selected = self.indexer.every_visible_entry(query_pos, num_entries, chunks)
+            else:
+                q_index, weights = self.indexer.queries(x_query, q_latent, query_pos, self.rotate)
+                key_records, key_slots = store.index_key_slots(source, chunks)
+                selected = self.indexer(q_index, weights, query_pos, key_records, key_slots, chunks)
             for chunk, ids in zip(chunks, selected.split(query_counts)):
                 chunk.published["topk"] = ids
             return selected

@@ -46,6 +46,36 @@ class Indexer(nn.Module):
         q = ops.mxfp4_fake_quant(rotate(self.wq_b(q_latent).unflatten(-1, (self.n_heads, self.head_dim)), positions))
         return q, self.weights_proj(x).float() * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
 
+    def selects_every_visible_entry(self, chunks: list[SequenceChunk]) -> bool:
+        """Whether the selection keeps every entry each query row sees, known from the batch's geometry on the
+        host: no row sees more than ``index_topk`` entries and, where the two-level pre-filter applies, every
+        block holding a visible entry survives it (and the candidate source shares this layer's ratio). Scoring
+        then cannot change the result (finite activations give finite scores), so a short context skips it."""
+        most = max(((c.start_pos + c.num_rows) // self.ratio for c in chunks), default=0)
+        if most > self.args.index_topk:
+            return False
+        if not (self.is_candidate_source or self.uses_candidates):
+            return True
+        if self.args.layer_ratios[self.args.candidate_source_layer_id] != self.ratio:
+            return False
+        return most <= self.args.candidate_topk_blocks * self.args.candidate_block_size
+
+    def every_visible_entry(self, positions: torch.Tensor, num_entries: int,
+                            chunks: list[SequenceChunk]) -> torch.Tensor:
+        """``forward``'s result where ``selects_every_visible_entry``: entries 0.. of what each row sees, -1
+        padded. The candidate source still publishes its pre-filter as ``ops.candidate_mask`` gives it then (the
+        blocks holding a visible entry, over the ``num_entries`` columns of the batch's widest sequence)."""
+        visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
+        entry = torch.arange(max(self.args.index_topk, num_entries), device=positions.device)
+        if self.is_candidate_source:
+            block = self.args.candidate_block_size
+            covered = torch.div(visible + block - 1, block, rounding_mode="floor") * block
+            candidates = entry[None, :num_entries] < covered[:, None]
+            for chunk, rows in zip(chunks, candidates.split([c.num_query_rows for c in chunks])):
+                chunk.published["candidates"] = rows
+        ids = entry[: self.args.index_topk]
+        return torch.where(ids[None, :] < visible[:, None], ids[None, :], -1)
+
     def forward(self, q: torch.Tensor, head_weights: torch.Tensor, positions: torch.Tensor, key_records: torch.Tensor,
                 key_slots: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
         """``queries`` [T, ...] of the query rows of every chunk -> selected entry ids [T, index_topk] ascending,
