@@ -276,3 +276,25 @@ def test_a_tool_choice_naming_no_declared_tool_is_the_official_400(server, check
     assert isinstance(refused, deepinfer_recipe.RecipeError) and "no function named 'search'" in refused.message
     got = post(server, api, body)
     assert got.status_code == 400 and refused.message in error_message(got), got.text
+
+
+TOOLLESS_CHOICES = {
+    "chat": [{"tool_choice": "required"}, {"tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+             {"tools": None, "tool_choice": "auto"}, {"tools": []}],
+    "responses": [{"tool_choice": {"type": "function", "name": "f"}}, {"tools": [], "tool_choice": "required"}],
+    "messages": [{"tool_choice": {"type": "tool", "name": "f"}}, {"tools": [], "tool_choice": {"type": "any"}}],
+}
+
+
+@pytest.mark.parametrize("api", TOOLLESS_CHOICES)
+def test_a_tool_choice_without_tools_renders_as_the_official_package_does(server, checkpoint, api):
+    """The official package reads it as ``auto`` and renders the prompt of no tools; vLLM's Chat and Responses
+    request models refused it (patch_request_models)."""
+    conversation = {"input": "Hi."} if api == "responses" else {"messages": [{"role": "user", "content": "Hi."}]}
+    for choice in TOOLLESS_CHOICES[api]:
+        body = sent_body(api, {**conversation, **choice})
+        want = recipe(api, body, checkpoint)
+        assert not isinstance(want, deepinfer_recipe.RecipeError), (choice, want)
+        got = post(server, api, body)
+        assert got.status_code == 200, (choice, got.text)
+        assert served_prompt(api, got) == wanted_prompt(api, want), choice

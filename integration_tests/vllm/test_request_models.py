@@ -125,18 +125,42 @@ def test_vllms_other_tool_choice_refusals_keep_their_messages():
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.exceptions import VLLMValidationError
 
-    with pytest.raises(VLLMValidationError, match="`tools` must be set"):
-        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                              "tool_choice": {"type": "function", "function": {"name": "x"}}})
+    for invalid in ("bogus", {"type": "function"}):  # no tools, and a choice the official package refuses too
+        with pytest.raises(VLLMValidationError, match="`tools` must be set"):
+            ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                  "tool_choice": invalid})
     with pytest.raises(VLLMValidationError, match="Expected field `name`"):
         chat_with_tools({"type": "function", "function": {}})
-    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
-
-    with pytest.raises(VLLMValidationError, match="not found in 'tools'"):  # no tools at all
-        ResponsesRequest.model_validate({"model": "m", "input": "hi", "tool_choice": {"type": "function",
-                                                                                      "name": "x"}})
     namespaces = [{"type": "namespace", "name": space, "description": "d",
                    "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}
                   for space in ("mail", "files")]
     with pytest.raises(VLLMValidationError, match="ambiguous"):  # declared twice, not undeclared
         responses_with_tools({"type": "function", "name": "lookup"}, namespaces)
+
+
+@pytest.mark.parametrize("tools", [None, [], "absent"])
+@pytest.mark.parametrize("choice", ["auto", "required", "named", "empty name"])
+def test_a_tool_choice_without_tools_is_auto(tools, choice):
+    """The official package reads a tool choice of a body without tools as ``auto`` (and renders the prompt of no
+    tools); vLLM's validators refused it."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    name = "" if choice == "empty name" else "lookup"
+    chat_choice = {"type": "function", "function": {"name": name}} if choice in ("named", "empty name") else choice
+    responses_choice = {"type": "function", "name": name} if choice in ("named", "empty name") else choice
+    declared = {} if tools == "absent" else {"tools": tools}
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                    "tool_choice": chat_choice, **declared})
+    assert request.tool_choice == "auto" and not request.tools
+    request = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tool_choice": responses_choice,
+                                               **declared})
+    assert request.tool_choice == "auto" and not request.tools
+
+
+def test_an_empty_tool_list_is_no_tools():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                    "tools": []})
+    assert not request.tools and request.tool_choice == "none"  # vLLM's default without tools

@@ -66,8 +66,7 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
   limits: vLLM's request models still refuse some bodies the official package accepts before any of this runs
           (Responses: ``input_file`` parts inside assistant messages, hosted-tool items and tools without the
           fields OpenAI's types require, such as a ``computer_call`` with only its ids or a bare ``file_search``
-          tool, which the official package drops; all three: a named tool_choice with no tools, which the official
-          package renders); patch_request_models lets the others through.
+          tool, which the official package drops); patch_request_models lets the others through.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
@@ -86,11 +85,14 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
     why:  the official API accepts these (a regex format renders the prompt of plain text; a document block is
           stubbed in place as unsupported; the efforts map to thinking on or off) and vLLM's request models
           refused them with a 400 before the codec (patch_api_codecs) could render them.
-  * ``ChatCompletionRequest.check_tool_usage``, ``ResponsesRequest.check_tool_usage`` -> their refusal of a named
-    tool_choice that names no declared tool (or an empty name) carries the official message ("Invalid value for
-    'tool_call': no function named ...").
+  * ``ChatCompletionRequest.check_tool_usage``, ``ResponsesRequest.check_tool_usage`` -> a body without tools
+    (absent, null or ``[]``) whose tool choice is ``auto``, ``required`` or a named function validates, its
+    choice read as ``auto`` and an empty tool list dropped; their refusal of a named tool_choice that names no
+    declared tool (or an empty name) carries the official message ("Invalid value for 'tool_call': no function
+    named ...").
     why:  Chat and Responses bodies meet these validators before any codec runs (a Messages body reaches its
-          codec, which refuses it); the official package refuses the same requests with its own message.
+          codec); the official package renders a tool choice without tools as ``auto`` (the prompt of no tools),
+          where vLLM refused it, and refuses an undeclared name with its own message.
   how:  each Literal is widened, the validator is swapped in the model's pydantic decorators, and the models
         that contain them are rebuilt (pydantic copies a model's schema into the models that contain it). vLLM's
         routers are imported when the app is built, after the plugin has loaded, so their validators see the
@@ -100,9 +102,11 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
   remove when: vLLM's request models accept these values and let a plugin word their refusals.
   tested: integration_tests/vllm/test_api_codecs.py (a regex format constrains the answer and renders the
           recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
-          recipe's prompt; an undeclared tool choice is the official 400 in all three APIs);
+          recipe's prompt; an undeclared tool choice is the official 400 in all three APIs; a tool choice without
+          tools renders the recipe's prompt in all three);
           integration_tests/vllm/test_request_models.py (the widened models; unlisted values still refused, and
-          refused still for another model's renderer; the tool-choice message, vLLM's other refusals unchanged);
+          refused still for another model's renderer; a tool choice without tools is ``auto``; the tool-choice
+          message, vLLM's other refusals unchanged);
           tests/vllm/test_request_models.py (widening a Literal).
 
 patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;

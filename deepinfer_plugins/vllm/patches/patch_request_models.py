@@ -1,9 +1,10 @@
 """vLLM's request models take the values the official API accepts and vLLM's models do not list: a Chat ``regex``
 response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra`` (see the
 ledger in __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
-to our renderer where another model's path would lose them. A named tool choice that names no declared tool is
-still refused by vLLM's Chat and Responses request models, which run before any codec, but with the official
-message."""
+to our renderer where another model's path would lose them. A tool choice of a body without tools (absent, null
+or empty) is read as ``auto``, as the official package reads it, where vLLM's Chat and Responses request models
+refused it; a named tool choice that names no declared tool is still refused by them (they run before any
+codec), but with the official message."""
 
 from __future__ import annotations
 
@@ -104,15 +105,35 @@ def declared_tool_names(tools: list) -> set:
     return names
 
 
+def toolless_choice(data, choice_name) -> bool:
+    """Whether a request body declares no tools (absent, null or ``[]``) and gives an empty tool list or a tool
+    choice of a kind the official package then reads as ``auto``: ``auto``, ``required`` or a named function (any
+    name)."""
+    if not isinstance(data, dict) or data.get("tools") not in (None, []):
+        return False
+    choice = data.get("tool_choice")
+    if choice is None:
+        return data.get("tools") == []
+    if isinstance(choice, dict):
+        return choice.get("type") == "function" and isinstance(choice_name(choice), str)
+    return choice in ("auto", "required")
+
+
 def official_tool_choice_refusal(check_tool_usage, choice_name):
-    """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod): where
-    it refuses a named tool choice whose name (possibly empty) no tool of the body declares, the refusal carries
-    the official package's message. These validators run before any codec; their other refusals (an ambiguous
-    namespace member among them) are vLLM's."""
+    """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod).
+    A body without tools (``toolless_choice``) loses its empty tool list and its tool choice becomes ``auto``,
+    the official reading, where vLLM refused both. Where vLLM refuses a named tool choice whose name (possibly empty) no tool of the body declares, the
+    refusal carries the official package's message. These validators run before any codec; their other refusals
+    (an ambiguous namespace member among them) are vLLM's."""
 
     def check(cls, data):
         from vllm.exceptions import VLLMValidationError
 
+        if toolless_choice(data, choice_name):
+            chosen = data.get("tool_choice") is not None
+            data = check_tool_usage(cls, {key: value for key, value in data.items()
+                                          if key not in ("tools", "tool_choice")})
+            return {**data, "tool_choice": "auto"} if chosen else data
         try:
             return check_tool_usage(cls, data)
         except VLLMValidationError as exc:
