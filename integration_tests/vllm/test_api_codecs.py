@@ -298,3 +298,25 @@ def test_a_tool_choice_without_tools_renders_as_the_official_package_does(server
         got = post(server, api, body)
         assert got.status_code == 200, (choice, got.text)
         assert served_prompt(api, got) == wanted_prompt(api, want), choice
+
+
+SERVER_TOOL_TURNS = [
+    {"role": "assistant", "content": [
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "news"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [
+            {"type": "web_search_result", "url": "https://example.com", "title": "A", "encrypted_content": "e"}]},
+        {"type": "text", "text": "Here is the news."}]},
+    {"role": "user", "content": [{"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}]},
+]
+
+
+@pytest.mark.parametrize("turn", SERVER_TOOL_TURNS, ids=["assistant", "user"])
+def test_messages_server_tool_blocks_are_the_official_400(server, checkpoint, turn):
+    """vLLM's Messages model did not list these blocks (a validation error); the official package refuses them with
+    its own message, and so does the codec once the body reaches it (patch_request_models)."""
+    body = sent_body("messages", {"messages": [{"role": "user", "content": "Any news?"}, turn,
+                                               {"role": "user", "content": "Thanks."}]})
+    refused = recipe("messages", body, checkpoint)
+    assert isinstance(refused, deepinfer_recipe.RecipeError), refused
+    got = post(server, "messages", body)
+    assert got.status_code == 400 and refused.message in error_message(got), got.text

@@ -62,8 +62,9 @@ def test_document_blocks_and_unlisted_values():
 
 
 def test_another_models_messages_path_still_refuses_them():
-    """Served by a renderer other than ours, vLLM's conversion would drop a document block: those values are
-    refused with a 400 as before; the handler runs for everything else and for our renderer."""
+    """Served by a renderer other than ours, vLLM's conversion would drop a document block (or mistake a
+    server-tool block): those values are refused with a 400 as before; the handler runs for everything else and
+    for our renderer."""
     import asyncio
 
     from deepinfer_plugins.vllm.tokenizer import DeepInferRenderer
@@ -86,6 +87,9 @@ def test_another_models_messages_path_still_refuses_them():
     assert asyncio.run(handle(Serving(), with_document)) == \
         ("400", "a 'document' content block is not supported for this model")
     assert asyncio.run(handle(Serving(), messages("hi", "ultra")))[0] == "400"
+    server_tool = messages([{"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}])
+    assert asyncio.run(handle(Serving(), server_tool)) == \
+        ("400", "a 'server_tool_use' content block is not supported for this model")
     assert asyncio.run(handle(Serving(), plain)) == "served" and calls == [plain]
     ours = Serving()
     ours.renderer = DeepInferRenderer.__new__(DeepInferRenderer)

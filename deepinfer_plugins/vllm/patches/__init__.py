@@ -80,11 +80,12 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
                       create_messages and count_tokens)
   * ``ResponseFormat.type`` -> also ``regex`` (its ``regex`` kept as an extra field), which constrains the output
     to that regex through vLLM's own ``structured_outputs.regex``.
-  * ``AnthropicContentBlock.type`` -> also ``document``; ``AnthropicOutputConfig.effort`` -> also ``none``,
-    ``minimal`` and ``ultra``.
+  * ``AnthropicContentBlock.type`` -> also ``document``, ``server_tool_use`` and ``web_search_tool_result``;
+    ``AnthropicOutputConfig.effort`` -> also ``none``, ``minimal`` and ``ultra``.
     why:  the official API accepts these (a regex format renders the prompt of plain text; a document block is
           stubbed in place as unsupported; the efforts map to thinking on or off) and vLLM's request models
-          refused them with a 400 before the codec (patch_api_codecs) could render them.
+          refused them with a 400 before the codec (patch_api_codecs) could render them. The official package
+          refuses server-tool blocks with its own message, which the codec gives once the body reaches it.
   * ``ChatCompletionRequest.check_tool_usage``, ``ResponsesRequest.check_tool_usage`` -> a body without tools
     (absent, null or ``[]``) whose tool choice is ``auto``, ``required`` or a named function validates, its
     choice read as ``auto`` and an empty tool list dropped; their refusal of a named tool_choice that names no
@@ -102,8 +103,8 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
   remove when: vLLM's request models accept these values and let a plugin word their refusals.
   tested: integration_tests/vllm/test_api_codecs.py (a regex format constrains the answer and renders the
           recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
-          recipe's prompt; an undeclared tool choice is the official 400 in all three APIs; a tool choice without
-          tools renders the recipe's prompt in all three);
+          recipe's prompt; server-tool blocks are the official 400; an undeclared tool choice is the official
+          400 in all three APIs; a tool choice without tools renders the recipe's prompt in all three);
           integration_tests/vllm/test_request_models.py (the widened models; unlisted values still refused, and
           refused still for another model's renderer; a tool choice without tools is ``auto``; the tool-choice
           message, vLLM's other refusals unchanged);

@@ -1,6 +1,7 @@
 """vLLM's request models take the values the official API accepts and vLLM's models do not list: a Chat ``regex``
-response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra`` (see the
-ledger in __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
+response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra``, and the
+Messages server-tool blocks, which the official package refuses with its own message (see the ledger in
+__init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
 to our renderer where another model's path would lose them. A tool choice of a body without tools (absent, null
 or empty) is read as ``auto``, as the official package reads it, where vLLM's Chat and Responses request models
 refused it; a named tool choice that names no declared tool is still refused by them (they run before any
@@ -14,7 +15,8 @@ _PATCHED_FLAG = "_deepinfer_patched"
 _REFUSED_FLAG = "_deepinfer_refused_elsewhere"  # its own flag: patch_api_codecs wraps the same handlers
 
 REGEX_FORMAT = "regex"
-MESSAGES_BLOCKS = ("document",)  # stubbed in place by the Messages codec, as the official package does
+# the Messages codec stubs a document in place and refuses server-tool blocks, each as the official package does
+MESSAGES_BLOCKS = ("document", "server_tool_use", "web_search_tool_result")
 MESSAGES_EFFORTS = ("none", "minimal", "ultra")
 UNDECLARED_TOOL = "Invalid value for 'tool_call': no function named '{}' was specified in the 'tools' parameter."
 
