@@ -279,8 +279,8 @@ def test_a_tool_choice_naming_no_declared_tool_is_the_official_400(server, check
 
 
 TOOLLESS_CHOICES = {
-    "chat": [{"tool_choice": "required"}, {"tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}},
-             {"tools": None, "tool_choice": "auto"}, {"tools": []}],
+    "chat": [{"tool_choice": "required"}, {"tools": None, "tool_choice": "auto"}, {"tools": []},
+             {"tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}}],
     "responses": [{"tool_choice": {"type": "function", "name": "f"}}, {"tools": [], "tool_choice": "required"}],
     "messages": [{"tool_choice": {"type": "tool", "name": "f"}}, {"tools": [], "tool_choice": {"type": "any"}}],
 }
@@ -320,3 +320,16 @@ def test_messages_server_tool_blocks_are_the_official_400(server, checkpoint, tu
     assert isinstance(refused, deepinfer_recipe.RecipeError), refused
     got = post(server, "messages", body)
     assert got.status_code == 400 and refused.message in error_message(got), got.text
+
+
+def test_responses_hosted_entries_vllm_cannot_read_render_as_the_official_package_does(server, checkpoint):
+    """A hosted tool's call with only its ids and hosted tools without their required fields: vLLM's model refused
+    the body; the official package skips them, and so does the served path (patch_request_models)."""
+    body = sent_body("responses", {"tools": [{"type": "file_search"}, {"type": "code_interpreter"}], "input": [
+        {"role": "user", "content": "Find the report."}, {"type": "computer_call", "id": "c1", "call_id": "cc1"},
+        {"role": "user", "content": "Again."}]})
+    want = recipe("responses", body, checkpoint)
+    assert not isinstance(want, deepinfer_recipe.RecipeError), want
+    got = post(server, "responses", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("responses", got) == want.token_ids

@@ -168,3 +168,24 @@ def test_an_empty_tool_list_is_no_tools():
     request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                     "tools": []})
     assert not request.tools and request.tool_choice == "none"  # vLLM's default without tools
+
+
+def test_responses_entries_the_codec_skips_and_vllm_cannot_read_are_dropped():
+    """Hosted tools' items and tools without the fields OpenAI's types require: the official package skips them
+    (they cannot change the prompt) and vLLM's model refused the whole body. Readable ones are kept, and an entry
+    of a kind the codec renders is still refused when malformed."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    items = [{"role": "user", "content": "hi"}, {"type": "computer_call", "id": "c1", "call_id": "cc1"},
+             {"type": "file_search_call", "id": "fs1", "queries": ["q"], "status": "completed"},
+             {"role": "user", "content": "again"}]
+    tools = [{"type": "file_search"}, {"type": "code_interpreter"}, {"type": "web_search"},
+             {"type": "file_search", "vector_store_ids": ["v"]}]
+    request = ResponsesRequest.model_validate({"model": "m", "input": items, "tools": tools})
+    assert [getattr(item, "type", None) or item.get("type") for item in request.input] == \
+        [None, "file_search_call", None]  # the two messages keep their (typeless) form
+    assert [tool.type for tool in request.tools] == ["web_search", "file_search"]
+    with pytest.raises(ValidationError):
+        ResponsesRequest.model_validate({"model": "m", "input": [{"type": "function_call", "id": "c1"}]})
+    with pytest.raises(ValidationError):
+        ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [{"type": "function"}]})

@@ -63,10 +63,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         renderers, and requests vLLM builds itself (its built-in tool loop, its thinking probe, offline
         ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
-  limits: vLLM's request models still refuse some bodies the official package accepts before any of this runs
-          (Responses: ``input_file`` parts inside assistant messages, hosted-tool items and tools without the
-          fields OpenAI's types require, such as a ``computer_call`` with only its ids or a bare ``file_search``
-          tool, which the official package drops); patch_request_models lets the others through.
+  limits: vLLM's Responses request model still refuses ``input_file`` parts inside assistant messages, which the
+          official package stubs in place, before any of this runs; patch_request_models lets the others through.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
@@ -94,6 +92,10 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
     why:  Chat and Responses bodies meet these validators before any codec runs (a Messages body reaches its
           codec); the official package renders a tool choice without tools as ``auto`` (the prompt of no tools),
           where vLLM refused it, and refuses an undeclared name with its own message.
+  * ``ResponsesRequest.check_tool_usage`` -> first drops the input items and tools the codec skips (any type
+    outside deepinfer_recipe's ``RENDERED_ITEM_TYPES`` / ``RENDERED_TOOL_TYPES``) that OpenAI's types cannot
+    read: a hosted tool's call with only its ids, a bare ``file_search`` tool.
+    why:  the official package skips such entries (they cannot change the prompt); vLLM refused the whole body.
   how:  each Literal is widened, the validator is swapped in the model's pydantic decorators, and the models
         that contain them are rebuilt (pydantic copies a model's schema into the models that contain it). vLLM's
         routers are imported when the app is built, after the plugin has loaded, so their validators see the
@@ -104,9 +106,11 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
   tested: integration_tests/vllm/test_api_codecs.py (a regex format constrains the answer and renders the
           recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
           recipe's prompt; server-tool blocks are the official 400; an undeclared tool choice is the official
-          400 in all three APIs; a tool choice without tools renders the recipe's prompt in all three);
+          400 in all three APIs; a tool choice without tools renders the recipe's prompt in all three; hosted
+          entries vLLM cannot read render the recipe's prompt);
           integration_tests/vllm/test_request_models.py (the widened models; unlisted values still refused, and
-          refused still for another model's renderer; a tool choice without tools is ``auto``; the tool-choice
+          refused still for another model's renderer; a tool choice without tools is ``auto``; unreadable
+          skipped entries dropped, readable ones kept, malformed rendered ones refused; the tool-choice
           message, vLLM's other refusals unchanged);
           tests/vllm/test_request_models.py (widening a Literal).
 

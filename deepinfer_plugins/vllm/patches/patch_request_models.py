@@ -2,14 +2,16 @@
 response format, Messages ``document`` blocks and the efforts ``none``, ``minimal`` and ``ultra``, and the
 Messages server-tool blocks, which the official package refuses with its own message (see the ledger in
 __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
-to our renderer where another model's path would lose them. A tool choice of a body without tools (absent, null
+to our renderer where another model's path would lose them. Responses entries the codec skips and OpenAI's types
+cannot read (a hosted tool's call with only its ids) are dropped instead of refusing the body. A tool choice of a body without tools (absent, null
 or empty) is read as ``auto``, as the official package reads it, where vLLM's Chat and Responses request models
 refused it; a named tool choice that names no declared tool is still refused by them (they run before any
 codec), but with the official message."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from functools import partial
+from typing import Literal, get_args, get_origin
 
 _PATCHED_FLAG = "_deepinfer_patched"
 _REFUSED_FLAG = "_deepinfer_refused_elsewhere"  # its own flag: patch_api_codecs wraps the same handlers
@@ -121,16 +123,45 @@ def toolless_choice(data, choice_name) -> bool:
     return choice in ("auto", "required")
 
 
-def official_tool_choice_refusal(check_tool_usage, choice_name):
-    """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod).
-    A body without tools (``toolless_choice``) loses its empty tool list and its tool choice becomes ``auto``,
-    the official reading, where vLLM refused both. Where vLLM refuses a named tool choice whose name (possibly empty) no tool of the body declares, the
-    refusal carries the official package's message. These validators run before any codec; their other refusals
-    (an ambiguous namespace member among them) are vLLM's."""
+def without_unreadable_skipped_entries(data, element_types):
+    """A Responses body without the input items and tools that vLLM's request model cannot read (a hosted tool's
+    call with only its ids, a bare ``file_search`` tool: OpenAI's types require more fields) and that the codec
+    skips as the official package does (deepinfer_recipe's ``RENDERED_ITEM_TYPES``, ``RENDERED_TOOL_TYPES``):
+    neither could change the prompt, and vLLM refused the whole body for them. ``element_types`` maps "input" and
+    "tools" to a pydantic ``TypeAdapter`` of one element."""
+    from deepinfer_recipe.apis.responses import RENDERED_ITEM_TYPES, RENDERED_TOOL_TYPES
+    from pydantic import ValidationError
+
+    def readable(entry, adapter) -> bool:
+        try:
+            adapter.validate_python(entry)
+        except ValidationError:
+            return False
+        return True
+
+    if not isinstance(data, dict):
+        return data
+    kept = dict(data)
+    for field, rendered in (("input", RENDERED_ITEM_TYPES), ("tools", RENDERED_TOOL_TYPES)):
+        entries = data.get(field)
+        if isinstance(entries, list):
+            kept[field] = [entry for entry in entries if not isinstance(entry, dict) or "type" not in entry
+                           or entry["type"] in rendered or readable(entry, element_types[field])]
+    return kept
+
+
+def official_tool_choice_refusal(check_tool_usage, choice_name, prepare=lambda data: data):
+    """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod),
+    after ``prepare`` of the body. A body without tools (``toolless_choice``) loses its empty tool list and its
+    tool choice becomes ``auto``, the official reading, where vLLM refused both. Where vLLM refuses a named tool
+    choice whose name (possibly empty) no tool of the body declares, the refusal carries the official package's
+    message. These validators run before any codec; their other refusals (an ambiguous namespace member among
+    them) are vLLM's."""
 
     def check(cls, data):
         from vllm.exceptions import VLLMValidationError
 
+        data = prepare(data)
         if toolless_choice(data, choice_name):
             chosen = data.get("tool_choice") is not None
             data = check_tool_usage(cls, {key: value for key, value in data.items()
@@ -151,7 +182,7 @@ def official_tool_choice_refusal(check_tool_usage, choice_name):
     return check
 
 
-def patch_tool_choice_refusal(request_model, choice_name) -> bool:
+def patch_tool_choice_refusal(request_model, choice_name, prepare=lambda data: data) -> bool:
     """Swap the wrapped validator into the model's pydantic decorators; -> whether it changed (rebuild then)."""
     from dataclasses import replace
 
@@ -159,9 +190,21 @@ def patch_tool_choice_refusal(request_model, choice_name) -> bool:
     decorator = validators["check_tool_usage"]
     if getattr(decorator.func.__func__, _PATCHED_FLAG, False):
         return False
-    wrapped = official_tool_choice_refusal(decorator.func.__func__, choice_name)
+    wrapped = official_tool_choice_refusal(decorator.func.__func__, choice_name, prepare)
     validators["check_tool_usage"] = replace(decorator, func=classmethod(wrapped).__get__(None, request_model))
     return True
+
+
+def responses_element_types(request_model) -> dict:
+    """A ``TypeAdapter`` of one element of the request model's ``input`` list and of its ``tools`` list."""
+    from pydantic import TypeAdapter
+
+    def element(annotation):
+        options = get_args(annotation) if get_origin(annotation) is not list else (annotation,)
+        listed = next(option for option in options if get_origin(option) is list)
+        return TypeAdapter(get_args(listed)[0])
+
+    return {field: element(request_model.model_fields[field].annotation) for field in ("input", "tools")}
 
 
 def apply() -> bool:
@@ -183,7 +226,9 @@ def apply() -> bool:
     changed |= widen_literal(anthropic.AnthropicContentBlock, "type", MESSAGES_BLOCKS)
     changed |= widen_literal(anthropic.AnthropicOutputConfig, "effort", MESSAGES_EFFORTS)
     changed |= patch_tool_choice_refusal(chat.ChatCompletionRequest, chat_choice_name)
-    changed |= patch_tool_choice_refusal(responses.ResponsesRequest, responses_choice_name)
+    changed |= patch_tool_choice_refusal(responses.ResponsesRequest, responses_choice_name,
+                                         partial(without_unreadable_skipped_entries,
+                                                 element_types=responses_element_types(responses.ResponsesRequest)))
     if changed:  # inner models first: each rebuild copies the schemas of the models it contains
         for model in (base.ResponseFormat, chat.ChatCompletionRequest, completion.CompletionRequest,
                       anthropic.AnthropicContentBlock, anthropic.AnthropicMessage, anthropic.AnthropicOutputConfig,

@@ -145,6 +145,7 @@ _ITEMS = {"message": MessageItem, "reasoning": ReasoningItem, "function_call": F
           "custom_tool_call_output": CustomToolCallOutputItem, "web_search_call": WebSearchCallItem,
           "tool_search_call": ToolSearchCallItem, "tool_search_output": ToolSearchOutputItem}
 Item = _by_type(_ITEMS, ("other", OtherItem), missing="message")
+RENDERED_ITEM_TYPES = frozenset(_ITEMS)  # input items of any other type are skipped, as the official package does
 
 
 class FunctionTool(Model):
@@ -180,8 +181,10 @@ class HostedTool(Model):
     type: str
 
 
-Tool = _by_type({"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool,
-                 "web_search": WebSearchTool, "web_search_preview": WebSearchTool}, ("hosted", HostedTool))
+_TOOLS = {"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool,
+          "web_search": WebSearchTool, "web_search_preview": WebSearchTool}
+Tool = _by_type(_TOOLS, ("hosted", HostedTool))
+RENDERED_TOOL_TYPES = frozenset(_TOOLS)  # tools of any other type are dropped, as the official package does
 
 
 ToolSearchOutputItem.model_rebuild()
