@@ -323,11 +323,15 @@ def test_messages_server_tool_blocks_are_the_official_400(server, checkpoint, tu
 
 
 def test_responses_hosted_entries_vllm_cannot_read_render_as_the_official_package_does(server, checkpoint):
-    """A hosted tool's call with only its ids and hosted tools without their required fields: vLLM's model refused
-    the body; the official package skips them, and so does the served path (patch_request_models)."""
+    """A hosted tool's call with only its ids and hosted tools without their required fields (skipped), and an
+    assistant message holding a file beside its text (the file stubbed in place): vLLM's model refused such
+    bodies; the served prompt is the official package's (patch_request_models)."""
     body = sent_body("responses", {"tools": [{"type": "file_search"}, {"type": "code_interpreter"}], "input": [
         {"role": "user", "content": "Find the report."}, {"type": "computer_call", "id": "c1", "call_id": "cc1"},
+        {"role": "assistant", "content": [{"type": "input_file", "file_id": "f1"},
+                                          {"type": "output_text", "text": "Here it is.", "annotations": []}]},
         {"role": "user", "content": "Again."}]})
+    assert "[Unsupported Document]" in recipe("responses", body, checkpoint).prompt
     want = recipe("responses", body, checkpoint)
     assert not isinstance(want, deepinfer_recipe.RecipeError), want
     got = post(server, "responses", body)

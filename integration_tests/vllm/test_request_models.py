@@ -189,3 +189,16 @@ def test_responses_entries_the_codec_skips_and_vllm_cannot_read_are_dropped():
         ResponsesRequest.model_validate({"model": "m", "input": [{"type": "function_call", "id": "c1"}]})
     with pytest.raises(ValidationError):
         ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [{"type": "function"}]})
+
+
+def test_an_assistant_message_with_a_file_and_output_text_is_read_as_input():
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    message = {"type": "message", "id": "m1", "status": "completed", "role": "assistant", "content": [
+        {"type": "input_file", "file_id": "f1"}, {"type": "output_text", "text": "ok", "annotations": []}]}
+    request = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "user", "content": "hi"}, message]})
+    assert list(request.input[1]["content"]) == [{"type": "input_file", "file_id": "f1"},
+                                                 {"type": "input_text", "text": "ok"}]
+    plain = {**message, "content": message["content"][1:]}  # readable as given: left as it is
+    request = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "user", "content": "hi"}, plain]})
+    assert request.input[1].id == "m1" and request.input[1].content[0].type == "output_text"

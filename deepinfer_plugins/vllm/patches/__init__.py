@@ -63,8 +63,9 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         renderers, and requests vLLM builds itself (its built-in tool loop, its thinking probe, offline
         ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
-  limits: vLLM's Responses request model still refuses ``input_file`` parts inside assistant messages, which the
-          official package stubs in place, before any of this runs; patch_request_models lets the others through.
+  limits: vLLM's request models run before any of this: a body they refuse never reaches a codec.
+          patch_request_models lets through each such body the official package accepts that we know of (its
+          entries below); another one would be vLLM's 400.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
@@ -94,8 +95,11 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
           where vLLM refused it, and refuses an undeclared name with its own message.
   * ``ResponsesRequest.check_tool_usage`` -> first drops the input items and tools the codec skips (any type
     outside deepinfer_recipe's ``RENDERED_ITEM_TYPES`` / ``RENDERED_TOOL_TYPES``) that OpenAI's types cannot
-    read: a hosted tool's call with only its ids, a bare ``file_search`` tool.
-    why:  the official package skips such entries (they cannot change the prompt); vLLM refused the whole body.
+    read: a hosted tool's call with only its ids, a bare ``file_search`` tool; a message mixing an
+    ``input_file`` part with ``output_text`` parts has those given as ``input_text``.
+    why:  the official package skips such entries (they cannot change the prompt) and stubs a file in place,
+          reading both text kinds alike; vLLM refused the whole body (or, for an output message, whose content
+          it validates lazily, lost the parts).
   how:  each Literal is widened, the validator is swapped in the model's pydantic decorators, and the models
         that contain them are rebuilt (pydantic copies a model's schema into the models that contain it). vLLM's
         routers are imported when the app is built, after the plugin has loaded, so their validators see the
@@ -107,7 +111,7 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
           recipe's prompt, a missing regex is the recipe's 400; a document block and the added efforts render the
           recipe's prompt; server-tool blocks are the official 400; an undeclared tool choice is the official
           400 in all three APIs; a tool choice without tools renders the recipe's prompt in all three; hosted
-          entries vLLM cannot read render the recipe's prompt);
+          entries vLLM cannot read and an assistant file beside its text render the recipe's prompt);
           integration_tests/vllm/test_request_models.py (the widened models; unlisted values still refused, and
           refused still for another model's renderer; a tool choice without tools is ``auto``; unreadable
           skipped entries dropped, readable ones kept, malformed rendered ones refused; the tool-choice

@@ -3,7 +3,8 @@ response format, Messages ``document`` blocks and the efforts ``none``, ``minima
 Messages server-tool blocks, which the official package refuses with its own message (see the ledger in
 __init__.py). The prompt is the codec's (patch_api_codecs); these only let the body through, and only
 to our renderer where another model's path would lose them. Responses entries the codec skips and OpenAI's types
-cannot read (a hosted tool's call with only its ids) are dropped instead of refusing the body. A tool choice of a body without tools (absent, null
+cannot read (a hosted tool's call with only its ids) are dropped instead of refusing the body, and an assistant
+message's file beside its text is let through to be stubbed. A tool choice of a body without tools (absent, null
 or empty) is read as ``auto``, as the official package reads it, where vLLM's Chat and Responses request models
 refused it; a named tool choice that names no declared tool is still refused by them (they run before any
 codec), but with the official message."""
@@ -127,8 +128,9 @@ def without_unreadable_skipped_entries(data, element_types):
     """A Responses body without the input items and tools that vLLM's request model cannot read (a hosted tool's
     call with only its ids, a bare ``file_search`` tool: OpenAI's types require more fields) and that the codec
     skips as the official package does (deepinfer_recipe's ``RENDERED_ITEM_TYPES``, ``RENDERED_TOOL_TYPES``):
-    neither could change the prompt, and vLLM refused the whole body for them. ``element_types`` maps "input" and
-    "tools" to a pydantic ``TypeAdapter`` of one element."""
+    neither could change the prompt, and vLLM refused the whole body for them. Messages mixing a file with output
+    text are made readable (``file_message_as_input``). ``element_types`` maps "input" and "tools" to a pydantic
+    ``TypeAdapter`` of one element."""
     from deepinfer_recipe.apis.responses import RENDERED_ITEM_TYPES, RENDERED_TOOL_TYPES
     from pydantic import ValidationError
 
@@ -147,7 +149,26 @@ def without_unreadable_skipped_entries(data, element_types):
         if isinstance(entries, list):
             kept[field] = [entry for entry in entries if not isinstance(entry, dict) or "type" not in entry
                            or entry["type"] in rendered or readable(entry, element_types[field])]
+    if isinstance(kept.get("input"), list):
+        kept["input"] = [file_message_as_input(item) for item in kept["input"]]
     return kept
+
+
+def file_message_as_input(item):
+    """A message holding an ``input_file`` part beside ``output_text`` parts fits none of OpenAI's message types
+    (an output message takes no file, an input message no output text; vLLM's model refused the body, or, for an
+    output message whose content it validates lazily, later lost the parts). The codec reads both text kinds
+    alike and stubs the file in place, as the official package does; so the output text parts are given as input
+    text, which vLLM's input message reads."""
+    if not isinstance(item, dict) or item.get("type", "message") != "message" \
+            or not isinstance(item.get("content"), list):
+        return item
+    content = item["content"]
+    if not {"input_file", "output_text"} <= {part.get("type") for part in content if isinstance(part, dict)}:
+        return item
+    as_input = [{"type": "input_text", "text": part.get("text")}
+                if isinstance(part, dict) and part.get("type") == "output_text" else part for part in content]
+    return {key: value for key, value in item.items() if key not in ("id", "status")} | {"content": as_input}
 
 
 def official_tool_choice_refusal(check_tool_usage, choice_name, prepare=lambda data: data):
