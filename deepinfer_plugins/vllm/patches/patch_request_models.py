@@ -171,7 +171,7 @@ def file_message_as_input(item):
     return {key: value for key, value in item.items() if key not in ("id", "status")} | {"content": as_input}
 
 
-def official_tool_choice_refusal(check_tool_usage, choice_name, prepare=lambda data: data):
+def official_tool_usage(check_tool_usage, choice_name, prepare=lambda data: data):
     """Wrap a request model's ``check_tool_usage`` (a before-validator, the function behind the classmethod),
     after ``prepare`` of the body. A body without tools (``toolless_choice``) loses its empty tool list and its
     tool choice becomes ``auto``, the official reading, where vLLM refused both. Where vLLM refuses a named tool
@@ -203,15 +203,17 @@ def official_tool_choice_refusal(check_tool_usage, choice_name, prepare=lambda d
     return check
 
 
-def patch_tool_choice_refusal(request_model, choice_name, prepare=lambda data: data) -> bool:
-    """Swap the wrapped validator into the model's pydantic decorators; -> whether it changed (rebuild then)."""
+def patch_tool_usage_check(request_model, choice_name, prepare=lambda data: data) -> bool:
+    """Swap ``official_tool_usage`` of the model's ``check_tool_usage`` into its pydantic decorators (a
+    before-validator, so ``prepare`` sees the body before its fields are validated); -> whether it changed
+    (rebuild then)."""
     from dataclasses import replace
 
     validators = request_model.__pydantic_decorators__.model_validators
     decorator = validators["check_tool_usage"]
     if getattr(decorator.func.__func__, _PATCHED_FLAG, False):
         return False
-    wrapped = official_tool_choice_refusal(decorator.func.__func__, choice_name, prepare)
+    wrapped = official_tool_usage(decorator.func.__func__, choice_name, prepare)
     validators["check_tool_usage"] = replace(decorator, func=classmethod(wrapped).__get__(None, request_model))
     return True
 
@@ -246,8 +248,8 @@ def apply() -> bool:
     changed = widen_literal(base.ResponseFormat, "type", (REGEX_FORMAT,))
     changed |= widen_literal(anthropic.AnthropicContentBlock, "type", MESSAGES_BLOCKS)
     changed |= widen_literal(anthropic.AnthropicOutputConfig, "effort", MESSAGES_EFFORTS)
-    changed |= patch_tool_choice_refusal(chat.ChatCompletionRequest, chat_choice_name)
-    changed |= patch_tool_choice_refusal(responses.ResponsesRequest, responses_choice_name,
+    changed |= patch_tool_usage_check(chat.ChatCompletionRequest, chat_choice_name)
+    changed |= patch_tool_usage_check(responses.ResponsesRequest, responses_choice_name,
                                          partial(without_unreadable_skipped_entries,
                                                  element_types=responses_element_types(responses.ResponsesRequest)))
     if changed:  # inner models first: each rebuild copies the schemas of the models it contains
