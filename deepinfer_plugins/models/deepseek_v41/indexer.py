@@ -63,18 +63,30 @@ class Indexer(nn.Module):
     def every_visible_entry(self, positions: torch.Tensor, num_entries: int,
                             chunks: list[SequenceChunk]) -> torch.Tensor:
         """``forward``'s result where ``selects_every_visible_entry``: entries 0.. of what each row sees, -1
-        padded. The candidate source still publishes its pre-filter as ``ops.candidate_mask`` gives it then (the
-        blocks holding a visible entry, over the ``num_entries`` columns of the batch's widest sequence)."""
-        visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
-        entry = torch.arange(max(self.args.index_topk, num_entries), device=positions.device)
+        padded. The candidate source still publishes its pre-filter, over the ``num_entries`` columns of the
+        batch's widest sequence: any finite scores of the visible entries give the same one, so zeros stand in."""
+        visible = self.visible_entries(positions)
         if self.is_candidate_source:
-            block = self.args.candidate_block_size
-            covered = torch.div(visible + block - 1, block, rounding_mode="floor") * block
-            candidates = entry[None, :num_entries] < covered[:, None]
-            for chunk, rows in zip(chunks, candidates.split([c.num_query_rows for c in chunks])):
-                chunk.published["candidates"] = rows
-        ids = entry[: self.args.index_topk]
+            self.publish_candidates(torch.zeros(positions.shape[0], num_entries, device=positions.device), visible,
+                                    chunks)
+        ids = torch.arange(self.args.index_topk, device=positions.device)
         return torch.where(ids[None, :] < visible[:, None], ids[None, :], -1)
+
+    def visible_entries(self, positions: torch.Tensor) -> torch.Tensor:
+        """How many compressed entries a query row at each position sees [T]."""
+        return torch.div(positions + 1, self.ratio, rounding_mode="floor")
+
+    def publish_candidates(self, scores: torch.Tensor, visible: torch.Tensor,
+                           chunks: list[SequenceChunk]) -> torch.Tensor:
+        """The candidate source's block pre-filter of scores [T, N], kept per chunk for the later index sources.
+        -> the scores with every entry a row does not see at -inf."""
+        entry = torch.arange(scores.shape[1], device=scores.device)
+        scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+        candidates = ops.candidate_mask(scores, visible, self.args.candidate_block_size,
+                                        self.args.candidate_topk_blocks)
+        for chunk, rows in zip(chunks, candidates.split([c.num_query_rows for c in chunks])):
+            chunk.published["candidates"] = rows
+        return scores
 
     def forward(self, q: torch.Tensor, head_weights: torch.Tensor, positions: torch.Tensor, key_records: torch.Tensor,
                 key_slots: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
@@ -83,7 +95,7 @@ class Indexer(nn.Module):
         records, scored as stored: the kernels decode each 68 B record in registers) holding each chunk's index
         keys, -1 past its entries."""
         query_counts = [chunk.num_query_rows for chunk in chunks]
-        visible = torch.div(positions + 1, self.ratio, rounding_mode="floor")
+        visible = self.visible_entries(positions)
         if not self.is_candidate_source:  # selection only: one fused op (Ascend: npu_lightning_indexer)
             candidates = torch.cat([chunk.published["candidates"][-chunk.num_query_rows:] for chunk in chunks]) \
                 if self.uses_candidates else None
@@ -91,10 +103,4 @@ class Indexer(nn.Module):
                                             candidates, query_counts)
         # the candidate source also publishes its block pre-filter, which needs the scores themselves
         scores = ops.indexer_scores_records(q, head_weights, key_records, key_slots, query_counts)  # [T, N]
-        entry = torch.arange(scores.shape[1], device=scores.device)
-        scores = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
-        candidates = ops.candidate_mask(scores, visible, self.args.candidate_block_size,
-                                        self.args.candidate_topk_blocks)
-        for chunk, rows in zip(chunks, candidates.split(query_counts)):
-            chunk.published["candidates"] = rows
-        return ops.topk_indices(scores, self.args.index_topk)
+        return ops.topk_indices(self.publish_candidates(scores, visible, chunks), self.args.index_topk)
