@@ -7,7 +7,8 @@ Names registered:
   * architectures ``DeepInferDeepseekV41ForCausalLM`` always, and ``DeepseekV41ForCausalLM`` (the name in the
     official config.json) unless ``DEEPINFER_KEEP_UPSTREAM_V41=1`` keeps vLLM's own class for it;
   * tokenizer mode / renderer ``deepinfer`` (prompts rendered by deepinfer_recipe, as token ids);
-  * reasoning parser and tool-call parser ``deepinfer``.
+  * reasoning parser and tool-call parser ``deepinfer``;
+  * KV connector ``DeepInferStoreConnector``, the retained prefix cache on shared storage (kv_store.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def register() -> None:
     if _registered:
         return
     from vllm import ModelRegistry
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.reasoning import ReasoningParserManager
     from vllm.renderers.registry import RENDERER_REGISTRY
     from vllm.tokenizers.registry import TokenizerRegistry
@@ -43,7 +45,12 @@ def register() -> None:
     ReasoningParserManager.register_lazy_module("deepinfer", "deepinfer_plugins.vllm.parsers",
                                                 "DeepInferReasoningParser")
     ToolParserManager.register_lazy_module("deepinfer", "deepinfer_plugins.vllm.parsers", "DeepInferToolParser")
+    try:
+        KVConnectorFactory.register_connector("DeepInferStoreConnector", "deepinfer_plugins.vllm.kv_store",
+                                              "DeepInferStoreConnector")
+    except ValueError:  # registered by an earlier call in this process
+        pass
     patched = apply_all()
     _registered = True
     logger.info("deepinfer: registered architectures %s, tokenizer mode/renderer 'deepinfer', reasoning and "
-                "tool parsers 'deepinfer'; patches: %s", ", ".join(architectures), ", ".join(patched) or "none")
+                "tool parsers 'deepinfer', KV connector 'DeepInferStoreConnector'; patches: %s", ", ".join(architectures), ", ".join(patched) or "none")
