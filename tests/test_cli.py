@@ -107,3 +107,24 @@ def test_measure_step_cost_writes_the_table_the_dspark_proposer_reads(tiny256_di
     CostTable(data["tokens"], data["ms"])
     assert cli.main(["measure-step-cost", "--model", str(tiny256_dir), "--out", str(out), "--tokens", "a"]) == 2
     assert "--tokens must be integers" in capsys.readouterr().err
+
+
+def test_kv_store_flag_serves_with_the_prefix_store_connector(monkeypatch, tmp_path):
+    import json
+
+    started = []
+    monkeypatch.setattr(cli, "unloadable_torchvision", lambda: None)
+    monkeypatch.setattr(cli.os, "execvpe", lambda path, command, env: started.append(command))
+    cli.main(["serve", "--kv-store", str(tmp_path / "kv"), "CKPT", "--port", "8000"])
+    (command,) = started
+    config = json.loads(command[command.index("--kv-transfer-config") + 1])
+    assert config == {"kv_connector": "DeepInferStoreConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {"store_dir": str((tmp_path / "kv").resolve())}}
+    assert command[command.index("--port") + 1] == "8000"
+
+
+def test_kv_store_flag_and_a_transfer_config_of_ones_own_are_refused_together(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "unloadable_torchvision", lambda: None)
+    monkeypatch.setattr(cli.os, "execvpe", lambda *args: (_ for _ in ()).throw(AssertionError("started")))
+    assert cli.main(["serve", "--kv-store", "/x", "CKPT", "--kv-transfer-config", "{}"]) == 2
+    assert "give one of them" in capsys.readouterr().err

@@ -82,6 +82,8 @@ def counters(base: str) -> dict[str, float]:
     lines = httpx.get(f"{base}/metrics", timeout=10).text.splitlines()
     found["local"] = sum(float(line.rsplit(" ", 1)[1]) for line in lines
                          if line.startswith("vllm:prefix_cache_hits_total"))
+    found["external"] = sum(float(line.rsplit(" ", 1)[1]) for line in lines
+                            if line.startswith("vllm:external_prefix_cache_hits_total"))
     return found
 
 
@@ -149,7 +151,7 @@ def test_a_conversation_stored_by_one_replica_is_served_from_storage_by_the_othe
     after = settled_counters(servers.b, before, hits=1)
     usage = reply["usage"]
     stored, local = cached_tokens_split(before, after)
-    assert after["hits"] - before["hits"] == 1
+    assert after["hits"] - before["hits"] == 1 and after["external"] - before["external"] == stored
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_cache_hit_tokens"] == stored + local
     assert stored + local >= len(first["prompt_token_ids"])
     assert reply["prompt_token_ids"][:len(first["prompt_token_ids"])] == first["prompt_token_ids"]
@@ -291,3 +293,18 @@ def test_agent_traffic_is_kept_three_days_and_chat_seven(servers):
             time.sleep(0.5)
         kept[name] = store.read(PrefixKey(store.model, prompt).digest(len(prompt)))[0].retention_s
     assert kept == {"agent": 3 * 86400, "chat": 7 * 86400, "own": 60}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({}, "needs kv_connector_extra_config.store_dir"),
+    ({"store_dir": "/x", "retention": 3}, "unknown kv_connector_extra_config keys"),
+    ({"store_dir": "/x", "chat_retention_s": -1}, "chat_retention_s must be"),
+    ({"store_dir": "/x", "agent_retention_s": "3d"}, "agent_retention_s must be"),
+    ({"store_dir": "/x", "capacity_bytes": 0}, "capacity_bytes must be"),
+    ({"store_dir": "/x", "sweep_interval_s": 0}, "sweep_interval_s must be"),
+])
+def test_store_settings_are_checked_at_start_up(extra, message):
+    from deepinfer_plugins.vllm.kv_store import StoreConfig
+
+    with pytest.raises(ValueError, match=message):
+        StoreConfig.from_extra(extra)
