@@ -308,3 +308,35 @@ def test_store_settings_are_checked_at_start_up(extra, message):
 
     with pytest.raises(ValueError, match=message):
         StoreConfig.from_extra(extra)
+
+
+def test_a_unit_is_served_only_for_the_same_image(servers):
+    """Two images of one size have equal placeholder tokens: only the image's content identifier tells their
+    units apart, and the wrong one would be a silently wrong answer."""
+    import base64
+
+    from integration_tests.images import png
+
+    def turn(seed: int) -> list[dict]:
+        uri = f"data:image/png;base64,{base64.b64encode(png(seed)).decode()}"
+        notes = " ".join(f"Region {i} of the screenshot shows widget {i % 7}." for i in range(150))
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
+                                             {"type": "text", "text": f"Describe it. {notes}"}]}]
+
+    first = chat(servers.a, turn(1))
+    follow_up = [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And the colours?"}]
+    time.sleep(1)  # the finished request's unit is written in the step after it ends
+    before = counters(servers.b)
+    other = chat(servers.b, [*turn(2), *follow_up])
+    after = settled_counters(servers.b, before, misses=1)
+    assert after["hits"] == before["hits"], "another image's unit was served"
+    assert other["prompt_token_ids"][:len(first["prompt_token_ids"])] == first["prompt_token_ids"], \
+        "the two prompts differ only in the image's pixels"
+    before = after
+    same = chat(servers.b, [*turn(1), *follow_up])
+    after = settled_counters(servers.b, before, hits=1)
+    assert after["hits"] - before["hits"] == 1
+    stored, local = cached_tokens_split(before, after)
+    assert stored > 0 and stored + local >= len(first["prompt_token_ids"])
+    assert same["usage"]["prompt_tokens_details"]["cached_tokens"] == stored + local
