@@ -35,7 +35,8 @@ from .unit import PREAMBLE_BYTES, Array, UnitError, UnitHeader, decode, encode, 
 logger = logging.getLogger("deepinfer.kvstore")
 
 ANCHOR_TOKENS = 256
-STALE_TEMPORARY_S = 3600.0  # a temporary file this old belongs to a writer that died mid-write
+STALE_TEMPORARY_S = 3600.0
+VERIFIED_ENTRIES = 4096  # a temporary file this old belongs to a writer that died mid-write
 AGENT_RETENTION_S = 3 * 86400.0
 CHAT_RETENTION_S = 7 * 86400.0
 
@@ -182,14 +183,13 @@ class PrefixStore:
             stat = path.stat()
             header = _read_header(path)
             if time.time() > stat.st_mtime + header.retention_s:
-                self.counters.add(expiries=1)
                 return False
             seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
             if self._verified.get(path) != seen:
                 data = path.read_bytes()
                 decode(data, self.model, prefix)
                 self.counters.add(bytes_read=len(data))
-                self._verified[path] = seen
+                self._remember_verified(path, seen)
             return True
         except FileNotFoundError:
             return False
@@ -198,6 +198,14 @@ class PrefixStore:
             self.counters.add(invalid=1)
             self._verified.pop(path, None)
             return False
+
+    def _remember_verified(self, path: Path, seen: tuple[int, int, int]) -> None:
+        """A shared prefix (one system prompt behind many conversations) is found again and again: its check is
+        remembered per file version, for the most recent ``VERIFIED_ENTRIES`` units."""
+        self._verified.pop(path, None)
+        self._verified[path] = seen
+        if len(self._verified) > VERIFIED_ENTRIES:
+            del self._verified[next(iter(self._verified))]
 
     def read(self, prefix: str) -> tuple[UnitHeader, dict[str, memoryview]]:
         """A unit's arrays, checked again: the file may have changed since ``find`` judged it."""
@@ -218,7 +226,7 @@ class PrefixStore:
         except OSError:
             return
         if path in self._verified:
-            self._verified[path] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            self._remember_verified(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
 
     def holds(self, prefix: str) -> bool:
         """Whether an unexpired unit of this prefix is on file (header only: saving again would write the same

@@ -131,9 +131,8 @@ def test_an_expired_unit_is_never_served_and_the_sweep_removes_it(store):
     old = time.time() - 5
     os.utime(store.unit_path(key.digest(300)), (old, old))
     assert store.find(key, longest=400).num_tokens == 200
-    assert store.counters.take()["expiries"] == 1
     result = store.sweep()
-    assert (result.expired, result.evicted) == (1, 0)
+    assert (result.expired, result.evicted) == (1, 0) and store.counters.take()["expiries"] == 1
     assert not store.unit_path(key.digest(300)).exists() and store.unit_path(key.digest(200)).exists()
     assert [m.name for m in (store.dir / "anchors").glob("*/*")] == [f"200-{key.digest(200)}"]
 
@@ -212,3 +211,24 @@ def test_a_model_tag_must_be_a_file_name(tmp_path):
     for tag in ("", "a/b", ".hidden"):
         with pytest.raises(ValueError):
             PrefixStore(tmp_path, tag)
+
+
+def test_a_unit_checked_once_is_not_read_again_until_its_file_changes(store, monkeypatch):
+    from deepinfer_plugins.kvstore import store as store_module
+
+    monkeypatch.setattr(store_module, "VERIFIED_ENTRIES", 2)
+    key = PrefixKey(MODEL, TOKENS)
+    for n in (100, 200, 300):
+        save(store, key, n)
+    store.counters.take()
+    for longest in (300, 300, 200, 100):
+        store.find(key, longest=longest)
+    size = store.unit_path(key.digest(300)).stat().st_size
+    assert store.counters.take()["bytes_read"] == size + store.unit_path(key.digest(200)).stat().st_size + \
+        store.unit_path(key.digest(100)).stat().st_size, "the second lookup of 300 read nothing"
+    assert len(store._verified) == 2
+    flip = store.unit_path(key.digest(100))
+    data = bytearray(flip.read_bytes())
+    data[-1] ^= 1
+    flip.write_bytes(bytes(data))
+    assert store.find(key, longest=100) is None, "a changed file is checked again"
