@@ -28,6 +28,10 @@ ENVIRONMENT = {
                                       "serve` sets), the API server keeps the most recent this many stored Responses "
                                       "for previous_response_id; older ones are forgotten (a follow-up naming one "
                                       "gets 404).",
+    "DEEPINFER_REQUEST_SAMPLING": "0 (default): served requests sample with the official API's values, which "
+                                  "the recipe reports (thinking on: temperature 1.0, and on V4.1 top_p at least "
+                                  "0.95; thinking off on V4.1: top_p 1.0); 1: with the request's own temperature "
+                                  "and top_p (greedy thinking for evaluations).",
     "DEEPINFER_SGLANG_KEEP_UPSTREAM": "0 (default): our model serves 'DeepseekV41ForCausalLM' in SGLang; 1: keep "
                                       "SGLang's own handling of that name.",
 }
@@ -54,6 +58,10 @@ def cuda_attention() -> str:
 
 def ascend_lightning_indexer() -> bool:
     return _flag("DEEPINFER_ASCEND_LIGHTNING_INDEXER")
+
+
+def request_sampling() -> bool:
+    return _flag("DEEPINFER_REQUEST_SAMPLING")
 
 
 def keep_upstream_sglang() -> bool:

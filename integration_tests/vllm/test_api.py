@@ -47,12 +47,26 @@ def test_thinking_off_returns_content(openai_client):
     assert message.content and not getattr(message, "reasoning", None)
 
 
+def test_thinking_samples_as_the_official_api_whatever_temperature_is_sent(openai_client):
+    """The official API ignores temperature and top_p in thinking mode (it samples at 1.0, top_p >= 0.95 on V4.1):
+    a request for greedy thinking still samples, seeded like any sampled request; with thinking off the request's
+    temperature stands."""
+    def answer(seed: int, **body) -> list[int]:
+        out = chat(openai_client, "Hello", max_tokens=8, seed=seed, top_p=0.01, extra_body={"return_token_ids": True,
+                                                                                            **body})
+        return out.choices[0].token_ids
+
+    assert answer(1) == answer(1), "a seeded sampled request is reproducible"
+    assert answer(1) != answer(2), "thinking on: sampled at temperature 1.0, not greedy"
+    assert answer(1, **OFF) == answer(2, **OFF), "thinking off: temperature 0 is greedy"
+
+
 @pytest.mark.parametrize("thinking", [True, False])
 def test_streamed_chat_adds_up_to_the_non_streamed_answer(openai_client, thinking):
     body = {"chat_template_kwargs": {"thinking": thinking}}
-    full = chat(openai_client, "Tell me a story", max_tokens=16, extra_body=body).choices[0].message
+    full = chat(openai_client, "Tell me a story", max_tokens=16, seed=7, extra_body=body).choices[0].message
     reasoning, content = [], []
-    for chunk in chat(openai_client, "Tell me a story", max_tokens=16, stream=True, extra_body=body):
+    for chunk in chat(openai_client, "Tell me a story", max_tokens=16, seed=7, stream=True, extra_body=body):
         if chunk.choices:
             delta = chunk.choices[0].delta
             reasoning.append(getattr(delta, "reasoning", None) or "")

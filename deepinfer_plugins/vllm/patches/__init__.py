@@ -51,6 +51,11 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
     input.
     why:  vLLM keeps the previous turn's output messages only, so a follow-up lost its reasoning and function
           calls; OpenAI's API treats ``previous_response_id`` as the previous input and output items.
+  * the claimed request's ``temperature`` and ``top_p`` -> the values the recipe reports for it (thinking on:
+    temperature 1.0 and, on V4.1, top_p at least 0.95; thinking off on V4.1: top_p 1.0), unless
+    DEEPINFER_REQUEST_SAMPLING=1.
+    why:  the official API ignores both in thinking mode; vLLM built the sampling parameters from the values
+          sent, so a greedy thinking request was greedy here and sampled there.
   how:  each endpoint handler reads the JSON body it was given (FastAPI keeps the bytes it parsed) and claims
         the request object vLLM renders for the codec of its API, in a context variable of the request's task:
         Chat claims its own request; Responses claims it in ``render_responses``, with the stored history ahead
@@ -58,8 +63,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         (``--enable-scale-out``), whose token ids a cache-aware router matches prefixes on, claim theirs the same
         way (not the Responses one, whose handler is not given the HTTP request). ``preprocess_chat`` renders a
         claimed request with the claimed codec, hands the prompt to the renderer vLLM calls next (``PRERENDERED``
-        in vllm/tokenizer.py) and gives vLLM the prompt's images as one chat message to fetch and decode. The
-        Responses render's messages, which vLLM's store keeps for a follow-up, are the input items. Other
+        in vllm/tokenizer.py), sets the request's sampling values vLLM reads next, and gives vLLM the prompt's
+        images as one chat message to fetch and decode. The Responses render's messages, which vLLM's store keeps for a follow-up, are the input items. Other
         renderers, and requests vLLM builds itself (its built-in tool loop, its thinking probe, offline
         ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
@@ -70,7 +75,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
           (the codec requests, the history, the thinking switches); integration_tests/vllm/test_api.py (a
-          follow-up's prompt and answer equal those of the same history sent explicitly).
+          follow-up's prompt and answer equal those of the same history sent explicitly; a greedy thinking
+          request samples, reproducibly under a seed, and a greedy non-thinking one stays greedy).
 
 patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat; vllm/entrypoints/anthropic/
                       protocol.py, AnthropicContentBlock and AnthropicOutputConfig; the chat and completion

@@ -9,6 +9,7 @@ import contextvars
 import json
 from typing import Any
 
+from ... import envs
 from ..thinking import thinking_switch, with_thinking_switch
 
 _PATCHED_FLAG = "_deepinfer_patched"
@@ -179,6 +180,13 @@ def messages_conversion(to_chat_completion_request):
     return convert
 
 
+def official_sampling(request, inference) -> None:
+    """Sample as the official API does: vLLM builds the sampling parameters from the request after this render,
+    so the recipe's adjusted temperature and top_p replace the request's own (in thinking mode the official API
+    ignores both)."""
+    request.temperature, request.top_p = inference.temperature, inference.top_p
+
+
 def codec_rendering(preprocess_chat):
     """Wrap ``OnlineRenderer.preprocess_chat``: for a claimed request the prompt is its API codec's rendering,
     handed to the renderer vLLM calls next, and vLLM is handed the prompt's images only, to fetch and decode."""
@@ -190,6 +198,8 @@ def codec_rendering(preprocess_chat):
         if claim is None or claim[0] is not request or not deepinfer_renders(self):
             return await preprocess_chat(self, request, messages, *args, **kwargs)
         rendered = self.renderer.render_request(claim[2], claim[1])
+        if not envs.request_sampling():
+            official_sampling(request, rendered.inference)
         token = PRERENDERED.set(rendered)
         try:
             return await preprocess_chat(self, request, image_messages(rendered.images), *args, **kwargs)
