@@ -226,6 +226,11 @@ class DeepInferStoreConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             self._init_worker()
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A save that never happens is a later cache miss, not lost output: nothing must be delivered."""
+        return False
+
     # ---- scheduler side -------------------------------------------------------------------------------------
 
     def _init_scheduler(self, vllm_config) -> None:
