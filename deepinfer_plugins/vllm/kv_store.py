@@ -336,16 +336,14 @@ class DeepInferStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.requests.pop(request.request_id, None)
         self.found.pop(request.request_id, None)
         job = None
-        if request.num_computed_tokens > request.num_prompt_tokens and request.status != RequestStatus.FINISHED_ERROR:
+        computed_beyond_prompt = request.num_computed_tokens > request.num_prompt_tokens
+        if computed_beyond_prompt and request.status != RequestStatus.FINISHED_ERROR:
             job = self._save_job(request, request.num_computed_tokens, block_ids, True)
         self.saved.pop(request.request_id, None)
         if job is None:
             return False, None
         self.pending.saves.append(job)
         return True, None
-
-    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict | None]:
-        return self.request_finished_all_groups(request, (block_ids,))
 
     # ---- worker side ----------------------------------------------------------------------------------------
 
@@ -385,7 +383,8 @@ class DeepInferStoreConnector(KVConnectorBase_V1, SupportsHMA):
                     continue
                 cache, array = self.caches[name], stored[name]  # KeyError: the unit lacks this cache
                 if array.block_bytes != cache.shape[1]:
-                    raise ValueError(f"{name}: blocks of {array.block_bytes} bytes, the cache's are {cache.shape[1]}")
+                    raise ValueError(f"{name}: blocks of {array.block_bytes} bytes, the cache's are "
+                                     f"{cache.shape[1]}")
                 at = [array.blocks.index(i) for i in part.indices]  # ValueError: the unit lacks a needed block
                 rows = torch.frombuffer(bytearray(payloads[name]), dtype=torch.uint8).view(-1, array.block_bytes)
                 cache[torch.tensor(part.block_ids, dtype=torch.long)] = rows[torch.tensor(at)].to(cache.device)

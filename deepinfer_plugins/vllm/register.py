@@ -53,4 +53,5 @@ def register() -> None:
     patched = apply_all()
     _registered = True
     logger.info("deepinfer: registered architectures %s, tokenizer mode/renderer 'deepinfer', reasoning and "
-                "tool parsers 'deepinfer', KV connector 'DeepInferStoreConnector'; patches: %s", ", ".join(architectures), ", ".join(patched) or "none")
+                "tool parsers 'deepinfer', KV connector 'DeepInferStoreConnector'; patches: %s",
+                ", ".join(architectures), ", ".join(patched) or "none")

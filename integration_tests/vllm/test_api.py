@@ -52,8 +52,8 @@ def test_thinking_samples_as_the_official_api_whatever_temperature_is_sent(opena
     a request for greedy thinking still samples, seeded like any sampled request; with thinking off the request's
     temperature stands."""
     def answer(seed: int, **body) -> list[int]:
-        out = chat(openai_client, "Hello", max_tokens=8, seed=seed, top_p=0.01, extra_body={"return_token_ids": True,
-                                                                                            **body})
+        out = chat(openai_client, "Hello", max_tokens=8, seed=seed, top_p=0.01,
+                   extra_body={"return_token_ids": True, **body})
         return out.choices[0].token_ids
 
     assert answer(1) == answer(1), "a seeded sampled request is reproducible"

@@ -78,7 +78,8 @@ def store_metric(base: str, name: str) -> float:
 
 def counters(base: str) -> dict[str, float]:
     """The store's counters, and ``local``: the tokens vLLM's own prefix cache served (shared system prompt)."""
-    found = {name: store_metric(base, name) for name in ("hits", "hit_tokens", "misses", "invalid", "units_written")}
+    names = ("hits", "hit_tokens", "misses", "invalid", "units_written")
+    found = {name: store_metric(base, name) for name in names}
     lines = httpx.get(f"{base}/metrics", timeout=10).text.splitlines()
     found["local"] = sum(float(line.rsplit(" ", 1)[1]) for line in lines
                          if line.startswith("vllm:prefix_cache_hits_total"))
@@ -106,7 +107,8 @@ def settled_counters(base: str, before: dict[str, float], **expected_increase: f
 
 def conversation(topic: str) -> list[dict]:
     """An agent conversation (tools defined) of about 3.5K prompt tokens."""
-    notes = " ".join(f"Finding {i} about the {topic}: module {i % 17} calls helper {i % 5} twice." for i in range(180))
+    notes = " ".join(f"Finding {i} about the {topic}: module {i % 17} calls helper {i % 5} twice."
+                     for i in range(180))
     return [{"role": "system", "content": f"The {topic} is under review. You review code and may read files."},
             {"role": "user", "content": f"Review the {topic}. {notes}"}]
 
@@ -179,11 +181,13 @@ def test_messages_streamed_report_the_storage_hit_as_cache_read_tokens(servers):
                 tools=[{"name": "read_file", "description": "Read a file.",
                         "input_schema": TOOLS[0]["function"]["parameters"]}], thinking={"type": "disabled"})
     messages = [conversation("router")[1]]
-    first = Anthropic(base_url=servers.a, api_key="unused", max_retries=0).messages.create(**body, messages=messages)
+    client_a = Anthropic(base_url=servers.a, api_key="unused", max_retries=0)
+    client_b = Anthropic(base_url=servers.b, api_key="unused", max_retries=0)
+    first = client_a.messages.create(**body, messages=messages)
     before = counters(servers.b)
     turn = [*messages, {"role": "assistant", "content": first.content},
             {"role": "user", "content": "Which finding matters most?"}]
-    with Anthropic(base_url=servers.b, api_key="unused", max_retries=0).messages.stream(**body, messages=turn) as events:
+    with client_b.messages.stream(**body, messages=turn) as events:
         usage = events.get_final_message().usage
     after = settled_counters(servers.b, before, hits=1)
     assert after["hits"] - before["hits"] == 1
@@ -276,7 +280,8 @@ def test_two_replicas_storing_one_conversation_at_once_leave_intact_units(server
 def test_agent_traffic_is_kept_three_days_and_chat_seven(servers):
     """Tools in the request make it agent traffic; a request's ``kv_transfer_params.retention_s`` overrides."""
     kept = {}
-    for name, extra in (("agent", {}), ("chat", {"tools": None}), ("own", {"kv_transfer_params": {"retention_s": 60}})):
+    cases = (("agent", {}), ("chat", {"tools": None}), ("own", {"kv_transfer_params": {"retention_s": 60}}))
+    for name, extra in cases:
         messages = [{"role": "user", "content": f"A short {name} question about retention classes?"}]
         body = {"model": MODEL, "temperature": 0, "max_tokens": 2, "return_token_ids": True, "messages": messages,
                 "tools": TOOLS, **OFF, **extra}

@@ -64,9 +64,9 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         way (not the Responses one, whose handler is not given the HTTP request). ``preprocess_chat`` renders a
         claimed request with the claimed codec, hands the prompt to the renderer vLLM calls next (``PRERENDERED``
         in vllm/tokenizer.py), sets the request's sampling values vLLM reads next, and gives vLLM the prompt's
-        images as one chat message to fetch and decode. The Responses render's messages, which vLLM's store keeps for a follow-up, are the input items. Other
-        renderers, and requests vLLM builds itself (its built-in tool loop, its thinking probe, offline
-        ``LLM.chat``), take vLLM's path unchanged.
+        images as one chat message to fetch and decode. The Responses render's messages, which vLLM's store
+        keeps for a follow-up, are the input items. Other renderers, and requests vLLM builds itself (its
+        built-in tool loop, its thinking probe, offline ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
   limits: vLLM's request models run before any of this: a body they refuse never reaches a codec.
           patch_request_models lets through each such body the official package accepts that we know of (its
