@@ -114,19 +114,20 @@ def measure_store(checkpoint: Path, store_dir: Path, logs: Path, options) -> dic
         replica_turns = [answered(base_a, conversation(k, "replica")) for k in range(n)]
     finally:
         stop_process_group(a)
-    a, base_a = serve(checkpoint, "a-restarted", logs, options, store_config(store_dir))
-    try:
-        ask(base_a, [{"role": "user", "content": "warm up"}])
-        rows["restart"] = [ask(base_a, turn) for turn in restart_turns]
-    finally:
-        stop_process_group(a)
-    b, base_b = serve(checkpoint, "b", logs, options, store_config(store_dir))
-    try:
-        ask(base_b, [{"role": "user", "content": "warm up"}])
-        rows["replica"] = [ask(base_b, turn) for turn in replica_turns]
-    finally:
-        stop_process_group(b)
+    rows["restart"] = next_turns_on_a_new_server(checkpoint, "a-restarted", store_dir, logs, options, restart_turns)
+    rows["replica"] = next_turns_on_a_new_server(checkpoint, "b", store_dir, logs, options, replica_turns)
     return rows
+
+
+def next_turns_on_a_new_server(checkpoint: Path, name: str, store_dir: Path, logs: Path, options,
+                               turns: list[list[dict]]) -> list:
+    """Each turn asked of a server started now on the store: nothing of them is in its own prefix cache."""
+    process, base = serve(checkpoint, name, logs, options, store_config(store_dir))
+    try:
+        ask(base, [{"role": "user", "content": "warm up"}])
+        return [ask(base, turn) for turn in turns]
+    finally:
+        stop_process_group(process)
 
 
 def measure_pd(checkpoint: Path, logs: Path, options) -> list:

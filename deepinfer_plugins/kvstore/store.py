@@ -126,7 +126,6 @@ class Counters:
 
 @dataclass(frozen=True)
 class Found:
-    path: Path
     prefix: str
     num_tokens: int
 
@@ -174,7 +173,7 @@ class PrefixStore:
                     candidates.append((int(tokens), prefix))
             for tokens, prefix in sorted(candidates, reverse=True):
                 if key.digest(tokens) == prefix and self._servable(prefix):
-                    return Found(self.unit_path(prefix), prefix, tokens)
+                    return Found(prefix, tokens)
         return None
 
     def _servable(self, prefix: str) -> bool:
@@ -182,7 +181,7 @@ class PrefixStore:
         try:
             stat = path.stat()
             header = _read_header(path)
-            if time.time() > stat.st_mtime + header.retention_s:
+            if _expired(header, stat, time.time()):
                 return False
             seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
             if self._verified.get(path) != seen:
@@ -237,7 +236,7 @@ class PrefixStore:
             header = _read_header(path)
         except (OSError, UnitError):
             return False
-        return header.model == self.model and time.time() <= stat.st_mtime + header.retention_s
+        return header.model == self.model and not _expired(header, stat, time.time())
 
     def write(self, prefix: str, anchor: str, num_tokens: int, retention_s: float, arrays: Sequence[Array],
               payloads: Sequence[bytes]) -> int:
@@ -284,7 +283,7 @@ class PrefixStore:
                 removed += _remove_if_unchanged(path, stat)
                 invalid += 1
                 continue
-            if now > stat.st_mtime + header.retention_s:
+            if _expired(header, stat, now):
                 removed += _remove_if_unchanged(path, stat)
                 expired += 1
             else:
@@ -306,6 +305,11 @@ class PrefixStore:
                 marker.unlink(missing_ok=True)
         self.counters.add(expiries=expired, evictions=evicted, invalid=invalid)
         return SweepResult(expired, evicted, invalid, removed, kept)
+
+
+def _expired(header: UnitHeader, stat: os.stat_result, now: float) -> bool:
+    """Retention runs from the file's last write or last hit (``touch``)."""
+    return now > stat.st_mtime + header.retention_s
 
 
 def _read_header(path: Path) -> UnitHeader:

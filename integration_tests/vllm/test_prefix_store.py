@@ -105,6 +105,14 @@ def settled_counters(base: str, before: dict[str, float], **expected_increase: f
         time.sleep(0.5)
 
 
+def wait_until(condition, failure: str) -> None:
+    """Units are written and swept by the servers' own steps and threads: poll up to 20 s."""
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.5)
+
+
 def conversation(topic: str) -> list[dict]:
     """An agent conversation (tools defined) of about 3.5K prompt tokens."""
     notes = " ".join(f"Finding {i} about the {topic}: module {i % 17} calls helper {i % 5} twice."
@@ -208,10 +216,7 @@ def test_a_unit_past_its_retention_is_not_served(servers, core_model):
     assert after["hits"] == before["hits"] and after["misses"] - before["misses"] == 1
     assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == cached_tokens_split(before, after)[1]
     assert_core_answer(core_model, reply)
-    deadline = time.monotonic() + 20  # the sweepers (every 2 s here) delete it
-    while unit.exists():
-        assert time.monotonic() < deadline, "the expired unit was never swept"
-        time.sleep(0.5)
+    wait_until(lambda: not unit.exists(), "the expired unit was never swept")  # sweepers run every 2 s here
 
 
 def flip_a_byte(path: Path) -> None:
@@ -243,10 +248,7 @@ def test_a_damaged_unit_is_a_miss_and_the_answer_is_the_core_models(servers, cor
     prompt = first["prompt_token_ids"]
     tokens = prompt + first["choices"][0]["token_ids"]
     units = [unit_of(servers, tokens, n) for n in (len(prompt), len(prompt) + MAX_TOKENS - 1)]
-    deadline = time.monotonic() + 20
-    while not all(unit.exists() for unit in units):
-        assert time.monotonic() < deadline, "units never written"
-        time.sleep(0.5)
+    wait_until(lambda: all(unit.exists() for unit in units), "units never written")
     for unit in units:
         damage(unit)
     before = counters(servers.b)
@@ -267,10 +269,7 @@ def test_two_replicas_storing_one_conversation_at_once_leave_intact_units(server
     store = the_store(servers)
     key = PrefixKey(store.model, prompt + answers[0]["choices"][0]["token_ids"])
     for num_tokens in (len(prompt), len(prompt) + MAX_TOKENS - 1):
-        deadline = time.monotonic() + 20
-        while not store.unit_path(key.digest(num_tokens)).exists():
-            assert time.monotonic() < deadline, f"no unit of {num_tokens} tokens"
-            time.sleep(0.5)
+        wait_until(store.unit_path(key.digest(num_tokens)).exists, f"no unit of {num_tokens} tokens")
         header, _ = store.read(key.digest(num_tokens))
         assert header.num_tokens == num_tokens
     leftovers = [p for p in store.unit_path(key.digest(len(prompt))).parent.iterdir() if p.name.startswith(".")]
@@ -292,10 +291,7 @@ def test_agent_traffic_is_kept_three_days_and_chat_seven(servers):
         prompt = response.json()["prompt_token_ids"]
         store = the_store(servers)
         unit = store.unit_path(PrefixKey(store.model, prompt).digest(len(prompt)))
-        deadline = time.monotonic() + 20
-        while not unit.exists():
-            assert time.monotonic() < deadline, f"no unit for the {name} request"
-            time.sleep(0.5)
+        wait_until(unit.exists, f"no unit for the {name} request")
         kept[name] = store.read(PrefixKey(store.model, prompt).digest(len(prompt)))[0].retention_s
     assert kept == {"agent": 3 * 86400, "chat": 7 * 86400, "own": 60}
 
