@@ -120,7 +120,7 @@ class DSparkEngineDrafter:
                                  "positions")
         device = self.model.embed.weight.device
         anchors = torch.tensor([r.anchor_token for r in requests], dtype=torch.long, device=device)
-        block = self.drafter.propose(self.model.embed, self.model.head.weight, anchors, states, temperature,
+        block = self.drafter.propose(self.model.embed, self.model.head_weight, anchors, states, temperature,
                                      top_k, top_p, greedy_draft, generator)
         confidences = block.confidences
         if self.sts_temperatures is not None:

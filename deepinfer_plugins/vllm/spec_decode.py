@@ -88,7 +88,7 @@ class DeepInferDSparkProposer:
             anchors.append(int(token_ids_cpu[i, n - 1]))
             states.append(PagedDraftContext(self.args, self.target.context_cache, step.context_blocks[i], n - 1,
                                             audit))
-        block = model.drafter.propose(model.embed, model.head.weight,
+        block = model.drafter.propose(model.embed, model.head_weight,
                                       torch.tensor(anchors, dtype=torch.long), states, greedy_draft=True)
         audit.verify()
         return block.tokens.cpu().numpy(), block.confidences.float().cpu().numpy()

@@ -228,6 +228,22 @@ def test_batched_drafting_equals_one_by_one(tiny256_f64):
         torch.testing.assert_close(both.confidence_logits[r], one.confidence_logits[0], atol=1e-4, rtol=0)
 
 
+def test_drafts_read_the_head_the_logits_use(tiny256_dir):
+    """A CPU server keeps an fp32 copy of the bf16 LM head (``keep_dense_weights``); the logits and the engines'
+    drafters (vllm/spec_decode.py, dspark/engine_api.py) read it through ``head_weight``, so no draft widens the
+    whole head again. The drafts are the ones the stored head gives."""
+    m = DeepseekV41ForCausalLM.from_pretrained(tiny256_dir)  # its own: keep_dense_weights changes the model
+    state = context_state(m, prompt(20, 3))
+    stored = m.drafter.propose(m.embed, m.head.weight, torch.tensor([5]), [state])
+    assert m.head_weight is m.head.weight
+    m.keep_dense_weights()
+    assert m.head.weight.dtype == torch.bfloat16
+    assert m.head_weight is m.head.dense and m.head_weight.dtype == torch.float32
+    kept = m.drafter.propose(m.embed, m.head_weight, torch.tensor([5]), [state])
+    assert torch.equal(kept.tokens, stored.tokens)
+    torch.testing.assert_close(kept.confidence_logits, stored.confidence_logits, atol=1e-5, rtol=0)
+
+
 def test_feature_reduction_switch(tiny256_f64):
     m = tiny256_f64
     _, streams, _ = features(m, prompt(10, 6))

@@ -129,10 +129,16 @@ class DeepseekV41Model(nn.Module):
         return self.compute_logits(self.hidden_states(token_ids, chunks, bounded_replay, capture_layers,
                                                       image_embeds))
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head the logits are computed with: its fp32 copy where ``keep_dense_weights`` made one, else the
+        stored weight. The DSpark drafter shares it, so a CPU server does not widen the whole head every draft."""
+        dense = getattr(self.head, "dense", None)
+        return dense if dense is not None else self.head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [rows, d] -> fp32 logits [rows, vocab] (the head runs in fp32)."""
-        head = getattr(self.head, "dense", None)
-        return ops.linear_to_fp32(hidden, head if head is not None else self.head.weight)
+        return ops.linear_to_fp32(hidden, self.head_weight)
 
     def finish_loading(self, keep_dense: bool = False) -> "DeepseekV41Model":
         """Every loader calls this once the checkpoint's tensors are in place on their device, and after any
