@@ -14,7 +14,9 @@ their fake implementations give the traced graph its shapes. Both are added to v
 (GPU) compile splits the graph there as it does around its own attention.
 
 The step's chunks are built once per step before the body runs (``PagedSteps.begin``, host metadata from
-``DeepInferMetadataBuilder``) and kept on the metadata object vLLM hands every op of that step.
+``DeepInferMetadataBuilder``) and kept on the metadata object vLLM hands every op of that step. With DSpark
+speculation the body also returns the residual streams entering the drafter's target layers, graph outputs like
+the hidden states, so the target's forward is compiled with speculation on too.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from vllm.forward_context import get_forward_context
 from ..models.deepseek_v41.args import ModelArgs
 from ..models.deepseek_v41.kv_cache import SequenceChunk
 from .cache import StoredPositions
-from .spec_decode import dspark_tokens
 
 ATTENTION_OP = "deepinfer::v41_attention"
 ENGRAM_OP = "deepinfer::v41_engram_ids"
@@ -117,20 +118,16 @@ def _engram_ids_fake(token_ids, layer_name, tables, columns):
     return token_ids.new_empty(token_ids.shape[0], tables, columns, dtype=torch.int64)
 
 
-def compiles(vllm_config) -> bool:
-    """The body is compiled unless DSpark speculation is configured: the drafter's features are the residual
-    streams captured per chunk inside the forward, which the eager path (model.py) provides."""
-    return dspark_tokens(vllm_config) == 0
-
-
-@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0}, enable_if=compiles)
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class CompiledBody(nn.Module):
-    """The traced part of the forward: token ids -> final hidden states [rows, d], cache work opaque. With image
-    inputs vLLM hands every step its input embeddings (images merged), and the token ids beside them."""
+    """The traced part of the forward: token ids -> (final hidden states [rows, d], the residual streams entering
+    each of ``capture_layers``), cache work opaque. With image inputs vLLM hands every step its input embeddings
+    (images merged), and the token ids beside them."""
 
-    def __init__(self, *, vllm_config, prefix: str = "", core: nn.Module, layer_names: list[str]):
+    def __init__(self, *, vllm_config, prefix: str = "", core: nn.Module, layer_names: list[str],
+                 capture_layers: tuple[int, ...] = ()):
         super().__init__()
-        self.core, self.layer_names = core, layer_names
+        self.core, self.layer_names, self.capture_layers = core, layer_names, capture_layers
         args: ModelArgs = core.args
         self.engram_shape = (len(args.engram_layer_ids), (args.engram_max_ngram_size - 1) * args.engram_n_heads)
         splitting_ops = vllm_config.compilation_config.splitting_ops
@@ -138,7 +135,7 @@ class CompiledBody(nn.Module):
             splitting_ops.extend(op for op in (ATTENTION_OP, ENGRAM_OP) if op not in splitting_ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         engram_ids = None
         if self.engram_shape[0]:
             engram_ids = torch.ops.deepinfer.v41_engram_ids(input_ids, self.layer_names[0], *self.engram_shape)
@@ -150,4 +147,5 @@ class CompiledBody(nn.Module):
 
             return self.core.layers[layer_id].attn.forward_all_rows(x, positions, attend)
 
-        return self.core.opaque_cache_hidden_states(input_ids, engram_ids, attention, inputs_embeds)
+        return self.core.opaque_cache_hidden_states(input_ids, engram_ids, attention, inputs_embeds,
+                                                    self.capture_layers)

@@ -3,9 +3,8 @@
 Nothing here computes model math: the forward builds one ``SequenceChunk`` per request (rows, start position,
 a ``PagedSequenceState`` over vLLM's caches), once per step and eagerly, then runs ``CompiledBody``
 (compiled.py), which vLLM compiles: the core model's layers with each layer's cache work in an opaque op that
-runs the core's attention over those chunks. With DSpark the forward stays eager and calls
-``DeepseekV41Model.hidden_states``, which captures the drafter's features. Weight names are the
-official checkpoint names under ``model.``; quantised tensors are loaded as stored (see models/.../linear.py).
+runs the core's attention over those chunks. Weight names are the official checkpoint names under ``model.``;
+quantised tensors are loaded as stored (see models/.../linear.py).
 
 Tensor parallelism: every rank builds its shard of each block (attention heads by output group, every expert's
 width; models/deepseek_v41/sharding.py) before loading, the core loader keeps only the rank's part of each split
@@ -13,9 +12,9 @@ tensor vLLM streams, and vLLM's all-reduce sums the partial sublayer outputs. Th
 KV head).
 
 DSpark speculation (spec_decode.py): when the speculative config names ``DeepInferDSparkProposer`` (or a subclass),
-the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, in the
-same forward, turns the residual streams entering ``dspark_target_layer_ids`` into every draft stage's context
-keys and writes them at each token's slot. ``last_step`` keeps the per-row block table of that cache, so the
+the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, after
+the compiled body (which returns the residual streams entering ``dspark_target_layer_ids``), turns those streams
+into every draft stage's context keys and writes them at each token's slot. ``last_step`` keeps the per-row block table of that cache, so the
 proposer (which vLLM gives no request ids and no hidden states) finds each row's context.
 """
 
@@ -110,14 +109,15 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module, SupportsMultiModal):
         self.last_step: LastStep | None = None
         self.steps = attach_steps(self.model, self.window_caches)
         self.body = CompiledBody(vllm_config=vllm_config, prefix=f"{prefix}body", core=self.model,
-                                 layer_names=[owner.layer_name for owner in self.window_caches])
+                                 layer_names=[owner.layer_name for owner in self.window_caches],
+                                 capture_layers=self.capture_layers)
         mode = vllm_config.compilation_config.mode
+        speculation = ", DSpark speculation" if with_drafter else ""
         if self.body.do_not_compile:
-            server_log.info("deepinfer: the model body runs eagerly (compilation mode %s%s)", mode.name,
-                            ", DSpark speculation" if with_drafter else "")
+            server_log.info("deepinfer: the model body runs eagerly (compilation mode %s%s)", mode.name, speculation)
         else:
-            server_log.info("deepinfer: vLLM compiles the model body (compilation mode %s); paged-cache work runs "
-                            "in the opaque ops %s", mode.name, ", ".join((ATTENTION_OP, ENGRAM_OP)))
+            server_log.info("deepinfer: vLLM compiles the model body (compilation mode %s%s); paged-cache work runs "
+                            "in the opaque ops %s", mode.name, speculation, ", ".join((ATTENTION_OP, ENGRAM_OP)))
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
 
@@ -152,54 +152,36 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module, SupportsMultiModal):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds=None, **kwargs) -> torch.Tensor:
-        """The step's chunks are built here, eagerly, once; the body (compiled by vLLM unless DSpark is on)
-        finds them through the forward context. Stored positions are compared once the step is done."""
+        """The step's chunks are built here, eagerly, once; the body (compiled by vLLM) finds them through the
+        forward context. Stored positions are compared once the step is done."""
         step = self.steps.begin(lambda metadata: paged_forward(self.args, input_ids, positions, metadata,
                                                                self.window_caches, self.compressed_caches,
                                                                self.input_caches))
-        if self.context_cache is None:
-            if step is not None:
-                self.model.check_tokens(input_ids[: step.num_tokens], with_image_embeds=inputs_embeds is not None)
-            hidden = self.body(input_ids, positions, inputs_embeds)
-        else:
-            hidden = self._forward_with_drafter(input_ids, inputs_embeds, step)
         if step is not None:
+            self.model.check_tokens(input_ids[: step.num_tokens], with_image_embeds=inputs_embeds is not None)
+        hidden, captured = self.body(input_ids, positions, inputs_embeds)
+        if step is not None:
+            if self.context_cache is not None:
+                metadata = step_metadata()
+                self._write_draft_context(step, [streams[: step.num_tokens] for streams in captured],
+                                          metadata[self.window_caches[0].layer_name],
+                                          metadata[self.context_cache.layer_name])
             step.audit.verify()
         return hidden
 
-    def _forward_with_drafter(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None,
-                              step: PagedForward | None) -> torch.Tensor:
-        """The eager forward DSpark needs: the residual streams entering its target layers are captured per
-        chunk, then turned into the draft context. The core takes only the image rows of ``inputs_embeds``."""
-        hidden = torch.zeros(input_ids.shape[0], self.args.hidden_size, dtype=self.model.dtype,
-                             device=input_ids.device)
-        if step is None:
-            return hidden  # vLLM's profiling / warm-up run: no caches, nothing to compute
-        if step.chunks:
-            token_ids = input_ids[: step.num_tokens]
-            image_embeds = None
-            if inputs_embeds is not None:
-                image_embeds = inputs_embeds[: step.num_tokens][self.model.image_rows(token_ids)]
-            hidden[: step.num_tokens] = self.model.hidden_states(token_ids, step.chunks,
-                                                                 capture_layers=self.capture_layers,
-                                                                 image_embeds=image_embeds)
-        metadata = step_metadata()
-        self._write_draft_context(step.chunks, step.rows, metadata[self.window_caches[0].layer_name],
-                                  metadata[self.context_cache.layer_name])
-        return hidden
-
     @torch.inference_mode()
-    def _write_draft_context(self, chunks, rows, first_meta, context_meta) -> None:
+    def _write_draft_context(self, step: PagedForward, captured: list[torch.Tensor], first_meta,
+                             context_meta) -> None:
         """Every row's draft context keys (all stages) into the paged context cache, in one batched pass: a later
-        prefix-cache hit or chunk boundary may need any position's keys."""
+        prefix-cache hit or chunk boundary may need any position's keys. ``captured``: the streams entering each
+        target layer, [rows of the step, S, d]."""
         self.last_step = LastStep(context_meta.block_table.clone(), list(first_meta.seq_lens))
-        if not chunks:
+        if not step.chunks:
             return
         drafter = self.model.drafter
-        streams = {layer: torch.cat([c.published["streams_in"][layer] for c in chunks])
-                   for layer in self.capture_layers}
-        requests, positions = to_device(ranges_rows([(request, start, start + n) for request, start, n in rows]),
-                                        context_meta.block_table.device)
+        streams = dict(zip(sorted(self.capture_layers), captured))
+        rows = ranges_rows([(request, start, start + n) for request, start, n in step.rows])
+        requests, positions = to_device(rows, context_meta.block_table.device)
         context = drafter.context(streams).to(drafter.dtype)  # [rows, d]
         keys = torch.stack([stage.attn.window_latents(context, positions) for stage in drafter], dim=1)  # [rows, S, d]
         write_dspark_context(self.args, self.context_cache, context_meta.block_table, requests, positions, keys)

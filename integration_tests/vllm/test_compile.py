@@ -3,7 +3,8 @@
 Guarantees:
   * in-process, the body traced by dynamo with fullgraph=True (as vLLM traces it) over the adapter's paged caches,
     its ops reading the step through vLLM's forward context, has no graph break, and its steps (chunked prefill,
-    then batched decodes) give the hidden states of the eager adapter step;
+    then batched decodes) give the hidden states of the eager adapter step, and the residual streams the DSpark
+    drafter's context is made from;
   * served, the default server compiles (its log reports DYNAMO_TRACE_ONCE and our compiled-body line), and its
     greedy output equals that of an ``--enforce-eager`` server and of the core model's generate(), token for
     token.
@@ -41,8 +42,9 @@ def test_body_traces_without_graph_breaks_and_gives_the_eager_steps(core_model):
     eager = PagedCaches(args, len(PROMPTS), 64, torch.Generator().manual_seed(0))
     paged = PagedCaches(args, len(PROMPTS), 64, torch.Generator().manual_seed(0))  # the same stale bytes
     steps = attach_steps(core_model, paged.windows)
+    capture = (1, args.num_hidden_layers - 2)
     body = CompiledBody(vllm_config=eager_vllm_config(), core=core_model,
-                        layer_names=[owner.layer_name for owner in paged.windows])
+                        layer_names=[owner.layer_name for owner in paged.windows], capture_layers=capture)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(body.forward, backend="eager", fullgraph=True, dynamic=True)
@@ -51,17 +53,20 @@ def test_body_traces_without_graph_breaks_and_gives_the_eager_steps(core_model):
     for step in schedule(decode_steps=3):
         work = {r: (first, tokens[r][first: first + n]) for r, (first, n) in step.items()}
         input_ids, positions, metadata = paged.batch(work)
-        expected = core_model.hidden_states(input_ids, paged_forward(args, input_ids, positions, eager.batch(work)[2],
-                                                                     eager.windows, eager.compressed,
-                                                                     eager.inputs).chunks)
+        eager_chunks = paged_forward(args, input_ids, positions, eager.batch(work)[2], eager.windows,
+                                     eager.compressed, eager.inputs).chunks
+        expected = core_model.hidden_states(input_ids, eager_chunks, capture_layers=capture)
         context = ForwardContext(no_compile_layers=paged.static_forward_context, attn_metadata=metadata,
                                  slot_mapping={})
         with override_forward_context(context):
             forward = steps.begin(lambda m: paged_forward(args, input_ids, positions, m, paged.windows,
                                                           paged.compressed, paged.inputs))
-            actual = compiled(input_ids, positions)
+            actual, captured = compiled(input_ids, positions)
             forward.audit.verify()
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+        for layer, streams in zip(capture, captured, strict=True):
+            torch.testing.assert_close(streams, torch.cat([c.published["streams_in"][layer] for c in eager_chunks]),
+                                       atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
 
 

@@ -8,6 +8,9 @@ starts a second ``vllm serve`` with the speculative config. References come from
 Two proposers: the real one (random tiny drafter: it accepts almost nothing, but every step drafts from the
 paged draft context) and a test-only subclass that plants the reference continuation (dspark_planted.py) with a
 wrong last token every few steps, so vLLM's multi-token accepts and partial rejections both happen.
+
+vLLM compiles the target's forward with speculation on (the drafter's features are outputs of the compiled body);
+each run checks the log line that says so, and one run is ``enforce_eager``.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ SCRIPT = textwrap.dedent("""
         batches, spec = json.loads(sys.argv[2]), json.loads(sys.argv[3])
         llm = LLM(sys.argv[1], dtype="float32", max_model_len=1024, tokenizer_mode="deepinfer",
                   kv_cache_memory_bytes=int(sys.argv[4]), max_num_batched_tokens=96, disable_log_stats=False,
-                  enable_prefix_caching=True, speculative_config=spec)
+                  enable_prefix_caching=True, speculative_config=spec, enforce_eager=sys.argv[6] == "eager")
         params = SamplingParams(max_tokens=int(sys.argv[5]), temperature=0)
         outputs, after_batch = [], []
         for batch in batches:  # one generate call per batch: later batches hit the prefix cache of earlier ones
@@ -76,17 +79,22 @@ def planted_file(references, tmp_path_factory) -> Path:
 
 
 def offline(checkpoint, tmp_path, proposer: str, planted_file: Path, kv_bytes: int = 64 * 2**20,
-            env: dict | None = None) -> dict:
+            env: dict | None = None, eager: bool = False) -> dict:
     script = tmp_path / "offline_dspark.py"
     script.write_text(SCRIPT)
     spec = {"method": "custom_class", "model": proposer, "num_speculative_tokens": K}
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                DEEPINFER_TEST_PLANTED=str(planted_file), **(env or {}))
     result = subprocess.run([sys.executable, str(script), str(checkpoint), json.dumps(BATCHES), json.dumps(spec),
-                             str(kv_bytes), str(NEW_TOKENS)], capture_output=True, text=True, timeout=600, env=env,
-                            cwd=REPO)
+                             str(kv_bytes), str(NEW_TOKENS), "eager" if eager else "compiled"],
+                            capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT")), None)
     assert line, result.stderr[-4000:]
+    log = result.stdout + result.stderr
+    if eager:
+        assert "the model body runs eagerly (compilation mode NONE, DSpark speculation)" in log
+    else:
+        assert "vLLM compiles the model body (compilation mode DYNAMO_TRACE_ONCE, DSpark speculation)" in log
     return json.loads(line[len("RESULT"):])
 
 
@@ -127,7 +135,8 @@ def test_dynamic_lengths_follow_the_load(checkpoint, references, planted_file, t
     all be: some steps verify fewer than K drafts of a request. Output stays the reference's, token for token."""
     table = tmp_path / "cost.json"
     table.write_text(json.dumps({"tokens": [1, 8, 9, 64], "ms": [10.0, 10.0, 200.0, 2000.0]}))
-    data = offline(checkpoint, tmp_path, PLANTED, planted_file, env={"DEEPINFER_DSPARK_COST_TABLE": str(table)})
+    data = offline(checkpoint, tmp_path, PLANTED, planted_file, env={"DEEPINFER_DSPARK_COST_TABLE": str(table)},
+                   eager=True)
     assert_identical(data["outputs"], references)
     crowded, alone = data["after_batch"]
     drafts, tokens = crowded["vllm:spec_decode_num_drafts"], crowded["vllm:spec_decode_num_draft_tokens"]
@@ -174,6 +183,7 @@ def test_server_with_dspark_speculation_reports_spec_decode_metrics(checkpoint, 
             text = httpx.get(f"{base}/metrics", timeout=10).text
         finally:
             stop_process_group(process)
+    assert "vLLM compiles the model body (compilation mode DYNAMO_TRACE_ONCE, DSpark speculation)" in LOG.read_text()
     drafts = metric(text, "vllm:spec_decode_num_drafts_total")
     draft_tokens = metric(text, "vllm:spec_decode_num_draft_tokens_total")
     accepted = metric(text, "vllm:spec_decode_num_accepted_tokens_total")

@@ -4,7 +4,8 @@
 attention as ``Attention.forward_all_rows``, its projections traced and its cache work (every cache read and
 write, ``attend_cached``) behind an opaque op the engine supplies, the routed experts behind
 ``deepinfer::moe_experts`` (ops/opaque.py). Guarantees: dynamo traces it with fullgraph=True and no graph
-break, and the compiled body gives ``hidden_states``' result for a prefill and for the decode steps after it.
+break, and the compiled body gives ``hidden_states``' result for a prefill and for the decode steps after it,
+including the residual streams it captures for the DSpark drafter (graph outputs of the compiled body).
 The attention op here is a test-local custom op over the core's in-memory caches; vLLM's is in
 deepinfer_plugins/vllm/compiled.py.
 """
@@ -56,26 +57,37 @@ def test_body_compiles_without_graph_breaks_and_matches_eager(tiny256):
     """Dynamo's eager backend: tracing (with the ops' fake implementations) is what can break a graph."""
     model = tiny256
     ids = prompt(24, 5)
+    capture = (0, 2, model.args.num_hidden_layers - 1)
     torch._dynamo.reset()
     counters.clear()
 
-    def body(token_ids, engram_ids, positions):
-        return model.opaque_cache_hidden_states(token_ids, engram_ids, attention(model, positions))
+    class Body(torch.nn.Module):
+        """Layer ids held as a module attribute, as engines hold them: dynamo keeps those constant."""
 
-    compiled = torch.compile(body, backend="eager", fullgraph=True, dynamic=True)
+        capture_layers = capture
+
+        def forward(self, token_ids, engram_ids, positions):
+            return model.opaque_cache_hidden_states(token_ids, engram_ids, attention(model, positions),
+                                                    capture_layers=self.capture_layers)
+
+    compiled = torch.compile(Body(), backend="eager", fullgraph=True, dynamic=True)
     eager_cache, compiled_cache = model.new_cache(), model.new_cache()
     for start, stop in [(0, 16), (16, 17), (17, 18), (18, 24)]:
         rows = ids[start:stop]
-        expected = model.hidden_states(rows, [SequenceChunk(0, stop - start, start, eager_cache)])
+        eager_chunk = SequenceChunk(0, stop - start, start, eager_cache)
+        expected = model.hidden_states(rows, [eager_chunk], capture_layers=capture)
         eager_cache.advance(rows)
         chunks = [SequenceChunk(0, stop - start, start, compiled_cache)]
         engram_ids = model.hasher(rows, store_of(chunks, model.args.sliding_window).ngram_histories(chunks),
                                   [stop - start])
         _step.update(model=model, chunks=chunks)
         with torch.no_grad():
-            actual = compiled(rows, engram_ids, torch.arange(start, stop))
+            actual, captured = compiled(rows, engram_ids, torch.arange(start, stop))
         compiled_cache.advance(rows)
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+        assert len(captured) == len(capture)
+        for layer, streams in zip(sorted(capture), captured):
+            torch.testing.assert_close(streams, eager_chunk.published["streams_in"][layer], atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
 
 
@@ -106,7 +118,7 @@ def test_body_with_image_embeddings_compiles_and_matches_eager(tiny256):
                                   [stop - start])
         _step.update(model=model, chunks=chunks)
         with torch.no_grad():
-            actual = compiled(rows, engram_ids, torch.arange(start, stop), model.input_embeddings(rows, image_rows))
+            actual, _ = compiled(rows, engram_ids, torch.arange(start, stop), model.input_embeddings(rows, image_rows))
         compiled_cache.advance(rows)
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

@@ -213,22 +213,31 @@ class DeepseekV41Model(nn.Module):
 
     def opaque_cache_hidden_states(self, token_ids: torch.Tensor, engram_ids: torch.Tensor | None,
                                    attend: Callable[[int, torch.Tensor], torch.Tensor],
-                                   inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                                   inputs_embeds: torch.Tensor | None = None, capture_layers: tuple[int, ...] = ()
+                                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """``hidden_states`` for engines that compile the model: every row is a query row of every layer (no
-        bounded replay, no captured streams), the Engram row ids come precomputed, and ``attend(layer_id, x)``
-        does a layer's attention with all of its cache work behind one opaque op. The body holds no chunk
-        list and no host read, so it traces into one graph between those ops; the math is ``Block.mix``.
-        ``inputs_embeds`` [rows, d]: ``input_embeddings`` of a step with images (computed before the graph, as
-        engines do for multimodal inputs); its image positions then route and gate as image tokens."""
+        bounded replay), the Engram row ids come precomputed, and ``attend(layer_id, x)`` does a layer's
+        attention with all of its cache work behind one opaque op. The body holds no chunk list and no host
+        read, so it traces into one graph between those ops; the math is ``Block.mix``. ``inputs_embeds``
+        [rows, d]: ``input_embeddings`` of a step with images (computed before the graph, as engines do for
+        multimodal inputs); its image positions then route and gate as image tokens.
+        -> (final normed hidden states [rows, d], the residual streams [rows, S, d] entering each layer of
+        ``capture_layers``, in layer order): the DSpark drafter's features come out of the graph as outputs."""
         if inputs_embeds is None:
             inputs_embeds, image_rows = self.embed(token_ids).to(self.dtype), None
         else:
             image_rows = self.image_rows(token_ids)
         streams, pre_mix = self.embed_streams(inputs_embeds)
+        captured = []
         for layer_id, layer in enumerate(self.layers):
+            if layer_id in capture_layers:
+                captured.append(streams)
             streams, pre_mix = layer.mix(streams, pre_mix, engram_ids, functools.partial(attend, layer_id),
                                          slice(None), image_rows)
-        return self.norm.of_streams(streams, pre_mix)
+        if len(captured) != len(capture_layers):  # e.g. dynamo made the layer ids of a closure symbolic
+            raise ValueError(f"captured the streams of {len(captured)} layers, asked for {capture_layers}: pass "
+                             "capture_layers as constant ints (a module attribute, as vllm/compiled.py does)")
+        return self.norm.of_streams(streams, pre_mix), captured
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceCache | None = None,
                 bounded_replay: bool = False, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
