@@ -124,20 +124,27 @@ def test_next_turn_lands_on_the_replica_holding_its_prefix(replicas_and_router, 
     ("messages", {"max_tokens": 4, "system": "Be brief.", "messages": [
         {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"},
         {"role": "system", "content": "Answer in French from now on."}, {"role": "user", "content": "Again"}]}),
+    ("responses", {"instructions": "Be brief.", "reasoning": {"effort": "none"}, "input": [
+        {"role": "developer", "content": "Answer in French."},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "One."}]},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "Two."}]},
+        {"role": "assistant", "content": "Hi"}, {"role": "user", "content": "Again"}]}),
 ])
 def test_render_endpoint_gives_the_prompt_the_server_runs(replicas_and_router, checkpoint, api, body):
     """The router's prefix tree is built from these ids: they are the recipe's codec of the request's API, as the
-    serving endpoint renders it (DeepSeek's ``thinking`` field, a system message inside ``messages``)."""
+    serving endpoint renders it (DeepSeek's ``thinking`` field, a system message inside ``messages``, a developer
+    message and two reasoning items of one turn, which vLLM's own conversion refuses or runs together)."""
     import deepinfer_recipe
 
-    from deepinfer_plugins.vllm.patches.patch_api_codecs import chat_request, messages_request
+    from deepinfer_plugins.vllm.patches.patch_api_codecs import chat_request, messages_request, responses_request
     from deepinfer_plugins.vllm.tokenizer import MODEL_NAME
 
     replica = replicas_and_router[0][0]
     body = {"model": MODEL, **body}
-    path = "chat/completions" if api == "chat" else "messages"
+    path = {"chat": "chat/completions", "messages": "messages", "responses": "responses"}[api]
     rendered = httpx.post(f"{replica}/v1/{path}/render", json=body, timeout=60)
     assert rendered.status_code == 200, rendered.text
-    codec = chat_request(body, MODEL_NAME) if api == "chat" else messages_request(body, MODEL_NAME)
+    codec = {"chat": lambda: chat_request(body, MODEL_NAME), "messages": lambda: messages_request(body, MODEL_NAME),
+             "responses": lambda: responses_request(body, [], {}, MODEL_NAME)}[api]()
     want = deepinfer_recipe.render(codec, api, tokenizer=str(checkpoint)).token_ids
     assert rendered.json()["token_ids"] == want

@@ -35,7 +35,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
                   vllm/entrypoints/openai/responses/serving.py, OpenAIServingResponses.create_responses;
                   vllm/entrypoints/anthropic/serving.py, AnthropicServingMessages.create_messages, count_tokens and
                   to_chat_completion_request; vllm/entrypoints/scale_out/render/serving.py, ServingRender's
-                  render_chat_request and render_messages_request; vllm/renderers/online_renderer.py,
+                  render_chat_request and render_messages_request; vllm/entrypoints/scale_out/render/
+                  api_router.py, the /v1/responses/render route; vllm/renderers/online_renderer.py,
                   OnlineRenderer.render_responses and preprocess_chat)
   * a Chat, Responses or Messages prompt -> deepinfer_recipe's codec of that API over the body the client sent,
     not the chat messages vLLM's request models and conversions leave, rendered as a Chat request.
@@ -61,7 +62,9 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         Chat claims its own request; Responses claims it in ``render_responses``, with the stored history ahead
         of the input; Messages claims the chat request vLLM converts it into. The render endpoints
         (``--enable-scale-out``), whose token ids a cache-aware router matches prefixes on, claim theirs the same
-        way (not the Responses one, whose handler is not given the HTTP request). ``preprocess_chat`` renders a
+        way; the Responses one, whose handler is not given the HTTP request, through its route
+        (vllm/entrypoints/scale_out/render/api_router.py: the route's endpoint, wrapped, replaces it in the
+        router before the app copies its routes). ``preprocess_chat`` renders a
         claimed request with the claimed codec, hands the prompt to the renderer vLLM calls next (``PRERENDERED``
         in vllm/tokenizer.py), sets the request's sampling values vLLM reads next, and gives vLLM the prompt's
         images as one chat message to fetch and decode. The Responses render's messages, which vLLM's store
@@ -73,7 +76,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
           entries below); another one would be vLLM's 400.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
-          test_routing.py (the render endpoints' ids are the codecs'); tests/vllm/test_api_codecs.py
+          test_routing.py (the render endpoints' ids are the codecs', in all three APIs);
+          tests/vllm/test_api_codecs.py
           (the codec requests, the history, the thinking switches); integration_tests/vllm/test_api.py (a
           follow-up's prompt and answer equal those of the same history sent explicitly; a greedy thinking
           request samples, reproducibly under a seed, and a greedy non-thinking one stays greedy).
@@ -145,7 +149,8 @@ from __future__ import annotations
 def apply_all() -> list[str]:
     from . import patch_arch_config, patch_api_codecs, patch_request_models, patch_responses_store, patch_usage
 
+    # request_models before api_codecs: api_codecs imports the render router, which reads the request models
     applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply(),
-               "api_codecs": patch_api_codecs.apply(), "request_models": patch_request_models.apply(),
+               "request_models": patch_request_models.apply(), "api_codecs": patch_api_codecs.apply(),
                "usage": patch_usage.apply()}
     return [name for name, done in applied.items() if done]

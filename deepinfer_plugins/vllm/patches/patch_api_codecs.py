@@ -6,6 +6,7 @@ ledger in __init__.py)."""
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 from typing import Any
 
@@ -210,6 +211,36 @@ def codec_rendering(preprocess_chat):
     return preprocess
 
 
+def responses_render_route(router) -> None:
+    """Replace the ``/v1/responses/render`` route of vLLM's render router with its endpoint wrapped so that the
+    body the client sent is at hand (``SENT_BODY``) while the request renders: its handler, unlike the other
+    render endpoints', is not given the HTTP request. The app copies the router's routes when it is built, after
+    the plugin has loaded."""
+    from fastapi.routing import APIRoute
+
+    (at, route), = [(i, r) for i, r in enumerate(router.routes)
+                    if isinstance(r, APIRoute) and r.path == "/v1/responses/render"]
+    endpoint = route.endpoint
+    if getattr(endpoint, _PATCHED_FLAG, False):
+        return
+
+    @functools.wraps(endpoint)  # FastAPI reads the parameters (the request model, the HTTP request) from it
+    async def render_responses(request, raw_request):
+        handler = getattr(raw_request.app.state, "serving_render", None)
+        if handler is None or not deepinfer_renders(handler):
+            return await endpoint(request, raw_request)
+        token = SENT_BODY.set((request, json.loads(await raw_request.body())))
+        try:
+            return await endpoint(request, raw_request)
+        finally:
+            SENT_BODY.reset(token)
+
+    setattr(render_responses, _PATCHED_FLAG, True)
+    router.add_api_route(route.path, render_responses, methods=list(route.methods), dependencies=route.dependencies,
+                         response_model=route.response_model, responses=route.responses)
+    router.routes[at] = router.routes.pop()
+
+
 def apply() -> bool:
     from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
@@ -230,4 +261,7 @@ def apply() -> bool:
     convert = AnthropicServingMessages.to_chat_completion_request
     if not getattr(convert, _PATCHED_FLAG, False):
         AnthropicServingMessages.to_chat_completion_request = classmethod(messages_conversion(convert.__func__))
+    from vllm.entrypoints.scale_out.render import api_router  # after patch_request_models: see apply_all
+
+    responses_render_route(api_router.router)
     return True
