@@ -447,7 +447,7 @@ def _draft_record_layout(args: ModelArgs) -> tuple[int, int]:
 
 def dspark_feature_layout(args: ModelArgs, block_size: int) -> tuple[int, int]:
     """(row bytes, block size) of the DSpark context cache: one row per token holding every draft stage's context
-    key of that position as an fp8_window record (see ``PagedDraftContext``), then the position (int32)."""
+    key of that position as an fp8_window record (see ``PagedDraftContexts``), then the position (int32)."""
     _, position_at = _draft_record_layout(args)
     return paged_layout(args, position_at + INT32, 1, block_size)
 
@@ -471,23 +471,46 @@ def _draft_columns(args: ModelArgs, owner: CacheOwner) -> tuple[list[torch.Tenso
     return stages, table[:, position_at: position_at + INT32].view(torch.int32)
 
 
-class PagedDraftContext:
-    """The ``DraftState`` face the drafter's attention reads (``num_tokens``, ``context_records``) over the paged
-    DSpark context cache of one request: keys of positions < anchor position, read from vLLM's memory, nothing
-    kept."""
+class PagedDraftContexts:
+    """The draft context of every drafting row of a step, read from the paged DSpark context cache at once: row r
+    drafts at anchor position ``anchors[r]`` and reads the keys of the ``sliding_window`` positions before it,
+    through its block table row; nothing is kept between steps. ``rows`` are the per-row ``DraftState`` faces
+    the drafter's block takes (``num_tokens``, and this object as ``batch_context``)."""
 
-    def __init__(self, args: ModelArgs, owner: CacheOwner, block_row: torch.Tensor, anchor_pos: int,
+    def __init__(self, args: ModelArgs, owner: CacheOwner, block_table: torch.Tensor, anchors: list[int],
                  audit: StoredPositions):
-        self.num_tokens, self.window = anchor_pos, args.sliding_window
-        first = max(0, anchor_pos - self.window)
-        self.slots = owner.slots(block_row, torch.arange(first, anchor_pos, device=block_row.device))
+        window, device = args.sliding_window, block_table.device
+        positions = torch.tensor(anchors)[:, None] - window + torch.arange(window)  # [R, W] on the host
+        # positions before a sequence's start read position 0's slot (always stored) and are masked out
+        self.valid = to_device(positions >= 0, device)
+        requests = torch.arange(len(anchors), device=device)[:, None].expand(-1, window)
+        self.slots = owner.batch_slots(block_table, requests, to_device(positions.clamp(min=0), device))
         self.stages, stored_positions = _draft_columns(args, owner)
-        audit.expect(stored_positions[self.slots, 0], torch.arange(first, anchor_pos), "DSpark context cache")
+        audit.expect(stored_positions[self.slots, 0], positions.clamp(min=0), "DSpark context cache")
+        self.rows = [PagedDraftRow(anchor, self) for anchor in anchors]
 
-    def context_records(self, stage: int, end: int) -> torch.Tensor:
-        if end != self.num_tokens:
-            raise ValueError(f"draft context read up to {end}, built for anchor position {self.num_tokens}")
-        return self.stages[stage][self.slots]
+    def draft_keys(self, stage: int, blocks: torch.Tensor,
+                   chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's [context window keys ; its block's B keys] as one record table [R * (W + B), record bytes]
+        and the indices [R * B, W + B] of each query slot's keys (-1 before the sequence's start)."""
+        rows, window = self.slots.shape
+        block = chunks[0].num_rows
+        if any(chunk.num_rows != block or chunk.state.batch_context is not self for chunk in chunks) \
+                or len(chunks) != rows:
+            raise ValueError("draft_keys: the chunks must be this step's rows, one block of equal size each")
+        table = torch.cat((self.stages[stage][self.slots], blocks.unflatten(0, (rows, block))), dim=1)
+        width = window + block
+        own = torch.arange(rows * width, device=blocks.device).view(rows, width)
+        seen = torch.cat((self.valid, self.valid.new_ones(rows, block)), dim=1)
+        return table.flatten(0, 1), torch.where(seen, own, -1).repeat_interleave(block, dim=0)
+
+
+@dataclass
+class PagedDraftRow:
+    """One drafting row's ``DraftState`` face: its anchor position, and the step's batched context reads."""
+
+    num_tokens: int
+    batch_context: PagedDraftContexts
 
 
 def write_dspark_context(args: ModelArgs, owner: CacheOwner, block_table: torch.Tensor, requests: torch.Tensor,

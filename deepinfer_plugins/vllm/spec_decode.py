@@ -40,7 +40,7 @@ import torch
 
 from .. import envs
 from ..dspark.length_policy import StaleBudget, cumulative_survival
-from .cache import PagedDraftContext, StoredPositions
+from .cache import PagedDraftContexts, StoredPositions
 
 logger = logging.getLogger("deepinfer")
 
@@ -82,14 +82,13 @@ class DeepInferDSparkProposer:
         model, step = self.target.model, self.target.last_step
         if step is None:
             raise RuntimeError("propose() before any forward: no draft context")
-        states, anchors, audit = [], [], StoredPositions()
-        for i in rows:
-            n = int(num_tokens_no_spec[i])
-            anchors.append(int(token_ids_cpu[i, n - 1]))
-            states.append(PagedDraftContext(self.args, self.target.context_cache, step.context_blocks[i], n - 1,
-                                            audit))
-        block = model.drafter.propose(model.embed, model.head_weight,
-                                      torch.tensor(anchors, dtype=torch.long), states, greedy_draft=True)
+        audit = StoredPositions()
+        lengths = num_tokens_no_spec[rows].astype(np.int64)  # the anchor is each row's last committed token
+        anchors = torch.from_numpy(token_ids_cpu[rows, lengths - 1].astype(np.int64))
+        context = PagedDraftContexts(self.args, self.target.context_cache, step.context_blocks[rows],
+                                     (lengths - 1).tolist(), audit)
+        block = model.drafter.propose(model.embed, model.head_weight, anchors.to(step.context_blocks.device),
+                                      context.rows, greedy_draft=True)
         audit.verify()
         return block.tokens.cpu().numpy(), block.confidences.float().cpu().numpy()
 

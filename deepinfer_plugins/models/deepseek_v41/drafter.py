@@ -87,16 +87,27 @@ class DraftAttention(Attention):
         slots = torch.cat([x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks])
         q, _ = self.queries(slots, positions)
         blocks = ops.pack_cache_records(self.window_latents(slots, positions), WINDOW_FORMAT)  # the B slots' keys
-        parts = []
-        for chunk, block in zip(chunks, blocks.split([chunk.num_rows for chunk in chunks])):
-            context = chunk.state.context_records(stage, chunk.start_pos)  # [<= window, record bytes]
-            keys = torch.cat((context.to(x.device), block))
-            parts.append((keys, torch.arange(keys.shape[0], device=x.device).expand(chunk.num_rows, -1)))  # all
-        keys, indices = one_table(parts)
+        batch = getattr(chunks[0].state, "batch_context", None)
+        if batch is not None:  # engines: every row's context read at once
+            keys, indices = batch.draft_keys(stage, blocks, chunks)
+        else:
+            keys, indices = self.per_sequence_keys(stage, blocks, chunks)
         no_entries = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8, device=x.device)
         o = ops.sparse_attention_records(q, keys, indices, no_entries, indices[:, :0], self.attn_sink,
                                          self.softmax_scale)
         return self.project_out(self.rotate(o, positions, inverse=True))
+
+    @staticmethod
+    def per_sequence_keys(stage: int, blocks: torch.Tensor,
+                          chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's [context window keys ; its block's keys] (``DraftState``s), merged by ``one_table``:
+        -> (record table, indices [rows, keys], every query row of a chunk seeing all of its keys)."""
+        parts = []
+        for chunk, block in zip(chunks, blocks.split([chunk.num_rows for chunk in chunks])):
+            context = chunk.state.context_records(stage, chunk.start_pos)  # [<= window, record bytes]
+            keys = torch.cat((context.to(block.device), block))
+            parts.append((keys, torch.arange(keys.shape[0], device=block.device).expand(chunk.num_rows, -1)))
+        return one_table(parts)
 
 
 class MarkovHead(nn.Module):
