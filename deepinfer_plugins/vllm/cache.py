@@ -495,8 +495,8 @@ class PagedDraftContexts:
         and the indices [R * B, W + B] of each query slot's keys (-1 before the sequence's start)."""
         rows, window = self.slots.shape
         block = chunks[0].num_rows
-        if any(chunk.num_rows != block or chunk.state.batch_context is not self for chunk in chunks) \
-                or len(chunks) != rows:
+        ours = len(chunks) == rows and all(c.num_rows == block and c.state.batch_context is self for c in chunks)
+        if not ours:
             raise ValueError("draft_keys: the chunks must be this step's rows, one block of equal size each")
         table = torch.cat((self.stages[stage][self.slots], blocks.unflatten(0, (rows, block))), dim=1)
         width = window + block

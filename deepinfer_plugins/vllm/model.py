@@ -14,8 +14,9 @@ KV head).
 DSpark speculation (spec_decode.py): when the speculative config names ``DeepInferDSparkProposer`` (or a subclass),
 the model also builds the drafter (``mtp.*`` weights), owns one more paged cache (the draft context) and, after
 the compiled body (which returns the residual streams entering ``dspark_target_layer_ids``), turns those streams
-into every draft stage's context keys and writes them at each token's slot. ``last_step`` keeps the per-row block table of that cache, so the
-proposer (which vLLM gives no request ids and no hidden states) finds each row's context.
+into every draft stage's context keys and writes them at each token's slot. ``last_step`` keeps the per-row block
+table of that cache, so the proposer (which vLLM gives no request ids and no hidden states) finds each row's
+context.
 """
 
 from __future__ import annotations
