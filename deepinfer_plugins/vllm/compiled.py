@@ -135,7 +135,7 @@ class CompiledBody(nn.Module):
             splitting_ops.extend(op for op in (ATTENTION_OP, ENGRAM_OP) if op not in splitting_ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         engram_ids = None
         if self.engram_shape[0]:
             engram_ids = torch.ops.deepinfer.v41_engram_ids(input_ids, self.layer_names[0], *self.engram_shape)

@@ -164,23 +164,23 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module, SupportsMultiModal):
         if step is not None:
             if self.context_cache is not None:
                 metadata = step_metadata()
-                self._write_draft_context(step, [streams[: step.num_tokens] for streams in captured],
+                self._write_draft_context(step, {layer: streams[: step.num_tokens]
+                                                 for layer, streams in captured.items()},
                                           metadata[self.window_caches[0].layer_name],
                                           metadata[self.context_cache.layer_name])
             step.audit.verify()
         return hidden
 
     @torch.inference_mode()
-    def _write_draft_context(self, step: PagedForward, captured: list[torch.Tensor], first_meta,
+    def _write_draft_context(self, step: PagedForward, streams: dict[int, torch.Tensor], first_meta,
                              context_meta) -> None:
         """Every row's draft context keys (all stages) into the paged context cache, in one batched pass: a later
-        prefix-cache hit or chunk boundary may need any position's keys. ``captured``: the streams entering each
-        target layer, [rows of the step, S, d]."""
+        prefix-cache hit or chunk boundary may need any position's keys. ``streams``: {target layer: the residual
+        streams entering it, [rows of the step, S, d]}."""
         self.last_step = LastStep(context_meta.block_table.clone(), list(first_meta.seq_lens))
         if not step.chunks:
             return
         drafter = self.model.drafter
-        streams = dict(zip(sorted(self.capture_layers), captured))
         rows = ranges_rows([(request, start, start + n) for request, start, n in step.rows])
         requests, positions = to_device(rows, context_meta.block_table.device)
         context = drafter.context(streams).to(drafter.dtype)  # [rows, d]

@@ -214,24 +214,25 @@ class DeepseekV41Model(nn.Module):
     def opaque_cache_hidden_states(self, token_ids: torch.Tensor, engram_ids: torch.Tensor | None,
                                    attend: Callable[[int, torch.Tensor], torch.Tensor],
                                    inputs_embeds: torch.Tensor | None = None, capture_layers: tuple[int, ...] = ()
-                                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                                   ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """``hidden_states`` for engines that compile the model: every row is a query row of every layer (no
         bounded replay), the Engram row ids come precomputed, and ``attend(layer_id, x)`` does a layer's
         attention with all of its cache work behind one opaque op. The body holds no chunk list and no host
         read, so it traces into one graph between those ops; the math is ``Block.mix``. ``inputs_embeds``
         [rows, d]: ``input_embeddings`` of a step with images (computed before the graph, as engines do for
         multimodal inputs); its image positions then route and gate as image tokens.
-        -> (final normed hidden states [rows, d], the residual streams [rows, S, d] entering each layer of
-        ``capture_layers``, in layer order): the DSpark drafter's features come out of the graph as outputs."""
+        -> (final normed hidden states [rows, d], {layer: the residual streams [rows, S, d] entering it} for each
+        of ``capture_layers``, as ``hidden_states`` publishes them): the DSpark drafter's features come out of
+        the graph as outputs."""
         if inputs_embeds is None:
             inputs_embeds, image_rows = self.embed(token_ids).to(self.dtype), None
         else:
             image_rows = self.image_rows(token_ids)
         streams, pre_mix = self.embed_streams(inputs_embeds)
-        captured = []
+        captured = {}
         for layer_id, layer in enumerate(self.layers):
             if layer_id in capture_layers:
-                captured.append(streams)
+                captured[layer_id] = streams
             streams, pre_mix = layer.mix(streams, pre_mix, engram_ids, functools.partial(attend, layer_id),
                                          slice(None), image_rows)
         if len(captured) != len(capture_layers):  # e.g. dynamo made the layer ids of a closure symbolic
