@@ -281,20 +281,27 @@ class WindowRows:
     query_requests: torch.Tensor  # [query rows]
     wanted: torch.Tensor  # [query rows, W] each query row's window positions, negative before its sequence
 
-    def plan(self, owner: CacheOwner, table: torch.Tensor) -> WindowPlan:
-        query = owner.batch_slots(table, self.query_requests[:, None].expand_as(self.wanted),
-                                  self.wanted.clamp(min=0))
-        return WindowPlan(new=owner.batch_slots(table, *self.new), new_meta=self.new_meta,
-                          context=owner.batch_slots(table, *self.context), context_positions=self.context_positions,
-                          query=torch.where(self.wanted >= 0, query, -1))
+    def plans(self, per_block: int, tables: list[torch.Tensor]) -> list[WindowPlan]:
+        """One ``WindowPlan`` per block table (tables of equal shape, owners of ``per_block`` rows a block), from
+        one pass over the tables stacked: a step computes its window slots once, not once per cache group."""
+        stacked = torch.stack(tables)  # [tables, requests, blocks]
+
+        def slots(requests: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return stacked[:, requests, positions // per_block].long() * per_block + positions % per_block
+
+        query = torch.where(self.wanted >= 0, slots(self.query_requests[:, None].expand_as(self.wanted),
+                                                    self.wanted.clamp(min=0)), -1)
+        new, context = slots(*self.new), slots(*self.context)
+        return [WindowPlan(new=new[i], new_meta=self.new_meta, context=context[i],
+                           context_positions=self.context_positions, query=query[i]) for i in range(len(tables))]
 
 
 class PagedStep:
     """``BatchStore`` of one vLLM step: every request's window keys and compressed entries, a layer at a time.
 
-    The window owners of one cache group share a block table, so a step's window slots (the new rows, the
-    context rows to check, each query's window) are computed once per table, from one copy of host-built
-    positions, and reused by every layer of the group: a layer then costs one position gather, one record write
+    The window owners of one cache group share a block table, and vLLM often gives every window layer a group of
+    its own, so a step's window slots (the new rows, the context rows to check, each query's window) are computed
+    for every table in one pass over the tables stacked, from one copy of host-built positions: a layer then costs one position gather, one record write
     and one metadata write, whatever the number of requests. Compressed entries are looked up for all query rows
     and the index keys of every request at once, through the table of their ratio's owner. Every owner is read
     through its own block table: vLLM may put the window caches of different layers in different cache groups
@@ -389,10 +396,17 @@ class PagedStep:
         return list(meta[slots, 0].long().split([min(self.ngram_context, c.start_pos) for c in chunks]))
 
     def plan(self, owner: CacheOwner, chunks: list[SequenceChunk]) -> WindowPlan:
-        table = self.metadata[owner.layer_name].block_table
-        key = (table.data_ptr(), owner.rows_per_block, self.rows_key(chunks))
+        """The window plan of ``owner``'s block table; the first call of a step plans every window table at once."""
+        key = (self.metadata[owner.layer_name].block_table.data_ptr(), owner.rows_per_block, self.rows_key(chunks))
         if key not in self.plans:
-            self.plans[key] = self.rows(chunks, table.device).plan(owner, table)
+            tables: dict[tuple, dict[int, torch.Tensor]] = {}
+            for window in self.windows:
+                table = self.metadata[window.layer_name].block_table
+                tables.setdefault((window.rows_per_block, table.shape), {})[table.data_ptr()] = table
+            rows = self.rows(chunks, self.metadata[owner.layer_name].block_table.device)
+            for (per_block, _), group in tables.items():
+                for pointer, plan in zip(group, rows.plans(per_block, list(group.values()))):
+                    self.plans[(pointer, per_block, self.rows_key(chunks))] = plan
         return self.plans[key]
 
     @staticmethod
