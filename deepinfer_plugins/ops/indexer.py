@@ -57,9 +57,10 @@ def indexer_scores_records(q: torch.Tensor, head_weights: torch.Tensor, key_reco
     """
     if query_counts is None:
         return indexer_scores.reference(q, head_weights, record_keys(q, key_records, key_slots))
-    if query_counts and min(query_counts) == max(query_counts) > 0:
+    if len(query_counts) > 1 and min(query_counts) == max(query_counts) > 0:
         # decode and verification steps: every sequence has the same rows, so the batch scores in one batched call
-        # (equal to the per-sequence calls bit for bit: the same GEMM per sequence)
+        # (equal to the per-sequence calls bit for bit: the same GEMM per sequence); one sequence skips vmap's
+        # own cost, which exceeds its scoring at short contexts
         rows = (-1, query_counts[0])
         scores = torch.vmap(indexer_scores.reference)(q.unflatten(0, rows), head_weights.unflatten(0, rows),
                                                       record_keys(q, key_records, key_slots))

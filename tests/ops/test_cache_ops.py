@@ -32,6 +32,18 @@ def test_write_skips_negative_slots_and_gather_gives_zeros():
     assert torch.equal(rows[2], ops.mxfp4_fake_quant(x[0]))
 
 
+@pytest.mark.parametrize("fmt,dim", [("fp8_window", 512), ("nvfp4", 512), ("mxfp4", 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unused_slots_gather_positive_zeros_whatever_the_cache_holds(fmt, dim, dtype):
+    """An engine's cache holds stale bytes and slot -1 reads through slot 0: records of bytes 0xFF decode to NaN
+    in every format (NaN scales), and an unused slot must still give +0.0, neither NaN nor -0.0."""
+    cache = torch.full((3, ops.record_bytes(fmt, dim)), 0xFF, dtype=torch.uint8)
+    rows = ops.cache_gather(cache, torch.tensor([[-1, 1], [2, -1]]), fmt, dim, dtype)
+    unused = torch.stack((rows[0, 0], rows[1, 1]))
+    assert (unused == 0).all() and not unused.signbit().any()
+    assert rows[0, 1].isnan().all()
+
+
 def test_fp4_nibble_order_and_sign():
     x = torch.zeros(1, 32)
     x[0, 0], x[0, 1] = 6.0, -1e-9  # code 7 in the low nibble; tiny negative -> negative zero (code 8)
