@@ -301,11 +301,11 @@ class PagedStep:
 
     The window owners of one cache group share a block table, and vLLM often gives every window layer a group of
     its own, so a step's window slots (the new rows, the context rows to check, each query's window) are computed
-    for every table in one pass over the tables stacked, from one copy of host-built positions: a layer then costs one position gather, one record write
-    and one metadata write, whatever the number of requests. Compressed entries are looked up for all query rows
-    and the index keys of every request at once, through the table of their ratio's owner. Every owner is read
-    through its own block table: vLLM may put the window caches of different layers in different cache groups
-    that share physical tensors."""
+    for every table in one pass over the tables stacked, from one copy of host-built positions: a layer then costs
+    one position gather, one record write and one metadata write, whatever the number of requests. Compressed
+    entries are looked up for all query rows and the index keys of every request at once, through the table of
+    their ratio's owner. Every owner is read through its own block table: vLLM may put the window caches of
+    different layers in different cache groups that share physical tensors."""
 
     def __init__(self, args: ModelArgs, windows: nn.ModuleList, compressed: nn.ModuleDict, inputs: nn.ModuleDict,
                  metadata: dict, audit: StoredPositions):
