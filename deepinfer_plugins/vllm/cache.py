@@ -205,9 +205,10 @@ class CacheOwner(nn.Module, AttentionLayerBase):
         return block_row[rows // per_block].long() * per_block + rows % per_block
 
     def batch_slots(self, block_table: torch.Tensor, requests: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Slots of rows of several requests at once: row rows[i] of request requests[i] (same shapes)."""
+        """Slots of rows of several requests at once: row rows[i] of request requests[i] (same shapes). Tables
+        stacked along leading dims ([..., requests, blocks]) give the slots through each of them."""
         per_block = self.rows_per_block
-        return block_table[requests, rows // per_block].long() * per_block + rows % per_block
+        return block_table[..., requests, rows // per_block].long() * per_block + rows % per_block
 
 
 class CompressedOwner(CacheOwner):
@@ -281,17 +282,14 @@ class WindowRows:
     query_requests: torch.Tensor  # [query rows]
     wanted: torch.Tensor  # [query rows, W] each query row's window positions, negative before its sequence
 
-    def plans(self, per_block: int, tables: list[torch.Tensor]) -> list[WindowPlan]:
-        """One ``WindowPlan`` per block table (tables of equal shape, owners of ``per_block`` rows a block), from
-        one pass over the tables stacked: a step computes its window slots once, not once per cache group."""
+    def plans(self, owner: CacheOwner, tables: list[torch.Tensor]) -> list[WindowPlan]:
+        """One ``WindowPlan`` per block table (tables of equal shape, read by owners with ``owner``'s rows per
+        block), from one pass over the tables stacked: a step computes its window slots once, not once per cache
+        group."""
         stacked = torch.stack(tables)  # [tables, requests, blocks]
-
-        def slots(requests: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return stacked[:, requests, positions // per_block].long() * per_block + positions % per_block
-
-        query = torch.where(self.wanted >= 0, slots(self.query_requests[:, None].expand_as(self.wanted),
-                                                    self.wanted.clamp(min=0)), -1)
-        new, context = slots(*self.new), slots(*self.context)
+        requests = self.query_requests[:, None].expand_as(self.wanted)
+        query = torch.where(self.wanted >= 0, owner.batch_slots(stacked, requests, self.wanted.clamp(min=0)), -1)
+        new, context = owner.batch_slots(stacked, *self.new), owner.batch_slots(stacked, *self.context)
         return [WindowPlan(new=new[i], new_meta=self.new_meta, context=context[i],
                            context_positions=self.context_positions, query=query[i]) for i in range(len(tables))]
 
@@ -397,16 +395,17 @@ class PagedStep:
 
     def plan(self, owner: CacheOwner, chunks: list[SequenceChunk]) -> WindowPlan:
         """The window plan of ``owner``'s block table; the first call of a step plans every window table at once."""
-        key = (self.metadata[owner.layer_name].block_table.data_ptr(), owner.rows_per_block, self.rows_key(chunks))
+        rows_key = self.rows_key(chunks)
+        key = (self.metadata[owner.layer_name].block_table.data_ptr(), owner.rows_per_block, rows_key)
         if key not in self.plans:
-            tables: dict[tuple, dict[int, torch.Tensor]] = {}
+            groups: dict[tuple, tuple[CacheOwner, dict[int, torch.Tensor]]] = {}
             for window in self.windows:
                 table = self.metadata[window.layer_name].block_table
-                tables.setdefault((window.rows_per_block, table.shape), {})[table.data_ptr()] = table
+                groups.setdefault((window.rows_per_block, table.shape), (window, {}))[1][table.data_ptr()] = table
             rows = self.rows(chunks, self.metadata[owner.layer_name].block_table.device)
-            for (per_block, _), group in tables.items():
-                for pointer, plan in zip(group, rows.plans(per_block, list(group.values()))):
-                    self.plans[(pointer, per_block, self.rows_key(chunks))] = plan
+            for first, tables in groups.values():
+                for pointer, plan in zip(tables, rows.plans(first, list(tables.values()))):
+                    self.plans[(pointer, first.rows_per_block, rows_key)] = plan
         return self.plans[key]
 
     @staticmethod
