@@ -181,14 +181,16 @@ def wait_ready(base: str, process: subprocess.Popen, timeout: float, log: Path) 
 
 
 def launch_server(model: str | Path, port: int, extra: list[str], log: Path, kv_cache_gib: int = 1,
-                  timeout: float = 600, env: dict[str, str] | None = None,
-                  native: bool = False) -> tuple[subprocess.Popen, str]:
+                  timeout: float = 600, env: dict[str, str] | None = None, native: bool = False,
+                  cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``vllm serve`` with the plugin in its own process group and wait until it answers.
 
     Returns (process, base URL); stop it with ``stop_process_group``. Used by the demo, the integration tests
     and the serving benchmark; ``env`` adds to the server's environment. ``native`` serves with vLLM alone (the
     benchmark's dense twin): none of our flags, and VLLM_PLUGINS empty, which vLLM reads as the list [""] of
-    general plugins to load, so the installed plugin does not register itself."""
+    general plugins to load, so the installed plugin does not register itself. ``cpus`` confines the server and
+    every process it starts to those CPUs: servers sharing a small box otherwise stall each other with their
+    spin-waits (docs/multi_replica.md#on-a-cpu)."""
     if native:
         command = [sys.executable, *vllm_launcher(str(model)), "--port", str(port), *extra]
         env = serve_env(None, {"VLLM_PLUGINS": "", **(env or {})})
@@ -196,8 +198,9 @@ def launch_server(model: str | Path, port: int, extra: list[str], log: Path, kv_
         command = serve_command(str(model), ["--port", str(port), *extra])
         env = serve_env("deepinfer", env)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    confine = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=log.open("w"),
-                               stderr=subprocess.STDOUT)
+                               stderr=subprocess.STDOUT, preexec_fn=confine)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, process, timeout, log)

@@ -31,6 +31,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_share(index: int, of: int) -> set[int]:
+    """The ``index``-th of ``of`` disjoint slices of the CPUs this process may use (all of them if there are
+    fewer CPUs than slices), for servers that run side by side: on a two-core box, servers sharing both cores
+    stall each other for tens of seconds with their spin-waits (docs/multi_replica.md#on-a-cpu)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < of:
+        return set(allowed)
+    size = len(allowed) // of
+    return set(allowed[index * size:(index + 1) * size])
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint

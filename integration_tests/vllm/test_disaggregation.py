@@ -9,15 +9,15 @@ server recomputes arrives by transfer (vLLM's ``prompt_tokens_by_source`` counte
 run eagerly: compiled serving is checked against eager serving in test_compile.py, and two compilations would
 double this file's time.
 
-Two servers on a two-core box need docs/multi_replica.md#on-a-cpu: each server's NIXL progress thread polls
-without sleeping, so it is moved to the idle scheduling class, and each server runs one unpinned OpenMP thread."""
+Two servers on a two-core box need docs/multi_replica.md#on-a-cpu: each server runs one OpenMP thread and is
+confined to its own core, since both spin-wait (NIXL's progress thread, vLLM's worker queue) and on shared cores
+starve each other."""
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -26,7 +26,7 @@ import pytest
 from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, free_port, installed_command
+from .conftest import MODEL, cpu_share, free_port, installed_command
 
 pytest.importorskip("nixl", reason="NixlConnector needs the nixl package (integration_tests/setup_vllm_venv.sh)")
 
@@ -34,40 +34,18 @@ OFF = {"chat_template_kwargs": {"thinking": False}}
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 TRANSFER = ('{{"kv_connector": "NixlConnector", "kv_role": "{role}", "kv_buffer_device": "cpu", '
             '"kv_connector_extra_config": {{"kv_lease_duration": 120}}}}')
-
-
-def busy_threads(process_group: int, seconds: float = 2.0) -> list[int]:
-    """Threads of a process group that kept a core busy for half the sample or more: on an idle server, only
-    NIXL's progress threads do."""
-    def cpu_ticks() -> dict[int, int]:
-        ticks = {}
-        for path in glob.glob("/proc/[0-9]*/task/[0-9]*/stat"):
-            try:
-                fields = Path(path).read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == process_group:
-                ticks[int(path.split("/")[4])] = int(fields[11]) + int(fields[12])
-        return ticks
-
-    before = cpu_ticks()
-    time.sleep(seconds)
-    after = cpu_ticks()
-    per_second = os.sysconf("SC_CLK_TCK")
-    return [tid for tid, ticks in after.items() if ticks - before.get(tid, ticks) > 0.5 * seconds * per_second]
+ROLES = ("kv_producer", "kv_consumer")
 
 
 def start(checkpoint: Path, role: str):
-    process, base = launch_server(
+    return launch_server(
         checkpoint, free_port(),
         ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
          "--kv-transfer-config", TRANSFER.format(role=role)],
         LOGS / f"deepinfer-{role}.log",
         env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
-             "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
-    for tid in busy_threads(process.pid):
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    return process, base
+             "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        cpus=cpu_share(ROLES.index(role), len(ROLES)))
 
 
 def handoff(prefill: str, decode: str, body: dict, max_tokens: int) -> httpx.Response:
@@ -96,9 +74,12 @@ def connect(prefill: str, decode: str) -> None:
 @pytest.fixture(scope="module")
 def servers(checkpoint):
     """[prefill, decode] as (process, base URL); a test may replace the decode server."""
-    running = [start(checkpoint, "kv_producer")]
+    with ThreadPoolExecutor(len(ROLES)) as pool:
+        starting = [pool.submit(start, checkpoint, role) for role in ROLES]
+    running = [future.result() for future in starting if future.exception() is None]
     try:
-        running.append(start(checkpoint, "kv_consumer"))
+        for future in starting:
+            future.result()
         connect(running[0][1], running[1][1])
         yield running
     finally:

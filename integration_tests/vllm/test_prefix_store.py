@@ -24,7 +24,7 @@ from deepinfer_plugins.kvstore import PrefixKey, PrefixStore
 from deepinfer_plugins.kvstore.unit import encode, read_header
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, free_port
+from .conftest import MODEL, cpu_share, free_port
 
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 OFF = {"chat_template_kwargs": {"thinking": False}}
@@ -34,14 +34,14 @@ TOOLS = [{"type": "function", "function": {
 MAX_TOKENS = 4
 
 
-def serve(checkpoint, store_dir: Path, name: str):
+def serve(checkpoint, store_dir: Path, name: str, cpus: set[int]):
     config = {"kv_connector": "DeepInferStoreConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": {"store_dir": str(store_dir), "sweep_interval_s": 2}}
     return launch_server(checkpoint, free_port(),
                          ["--dtype", "float32", "--max-model-len", "4096", "--served-model-name", MODEL,
                           "--enforce-eager", "--kv-transfer-config", json.dumps(config)],
                          LOGS / f"deepinfer-store-{name}.log",
-                         env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+                         env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}, cpus=cpus)
 
 
 class Servers:
@@ -51,11 +51,11 @@ class Servers:
         self.checkpoint, self.store_dir = checkpoint, store_dir
         with ThreadPoolExecutor(2) as pool:
             (self.a_process, self.a), (self.b_process, self.b) = pool.map(
-                lambda name: serve(checkpoint, store_dir, name), ["a", "b"])
+                lambda index: serve(checkpoint, store_dir, "ab"[index], cpu_share(index, 2)), range(2))
 
     def restart_a(self) -> None:
         stop_process_group(self.a_process)
-        self.a_process, self.a = serve(self.checkpoint, self.store_dir, "a-restarted")
+        self.a_process, self.a = serve(self.checkpoint, self.store_dir, "a-restarted", cpu_share(0, 2))
 
     def stop(self) -> None:
         for process in (self.a_process, self.b_process):

@@ -22,7 +22,7 @@ import pytest
 from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, free_port, installed_command
+from .conftest import MODEL, cpu_share, free_port, installed_command
 
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 OFF = {"chat_template_kwargs": {"thinking": False}}
@@ -33,18 +33,20 @@ def replicas_and_router(checkpoint):
     router = installed_command("vllm-router")
     if router is None:
         pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
-    processes = []
+
+    def start(index: int):  # one OpenMP thread each, on a share of the cores of its own
+        return launch_server(
+            checkpoint, free_port(),
+            ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
+             "--enable-scale-out"],
+            LOGS / f"deepinfer-replica-{index}.log",
+            env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}, cpus=cpu_share(index, 2))
+
+    with ThreadPoolExecutor(2) as pool:
+        starting = [pool.submit(start, index) for index in range(2)]
+    processes = [future.result()[0] for future in starting if future.exception() is None]
     try:
-        replicas = []
-        for index in range(2):  # one unpinned OpenMP thread each: two servers share this box's cores
-            process, base = launch_server(
-                checkpoint, free_port(),
-                ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
-                 "--enable-scale-out"],
-                LOGS / f"deepinfer-replica-{index}.log",
-                env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
-            processes.append(process)
-            replicas.append(base)
+        replicas = [future.result()[1] for future in starting]
         port = free_port()
         log = LOGS / "deepinfer-cache-aware-router.log"
         processes.append(subprocess.Popen(
