@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deepinfer_plugins.cli import launch_server, stop_process_group, vllm_is_cpu_build
@@ -40,6 +43,21 @@ def cpu_share(index: int, of: int) -> set[int]:
         return set(allowed)
     size = len(allowed) // of
     return set(allowed[index * size:(index + 1) * size])
+
+
+def launch_side_by_side(starts: list[Callable[[set[int]], tuple[subprocess.Popen, str]]]
+                        ) -> list[tuple[subprocess.Popen, str]]:
+    """Start servers at once, each given its own ``cpu_share``; if one fails to start, stop the others and raise
+    its error, so that no server outlives a failed fixture."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        starting = [pool.submit(start, cpu_share(index, len(starts))) for index, start in enumerate(starts)]
+    errors = [future.exception() for future in starting if future.exception() is not None]
+    if errors:
+        for future in starting:
+            if future.exception() is None:
+                stop_process_group(future.result()[0])
+        raise errors[0]
+    return [future.result() for future in starting]
 
 
 @pytest.fixture(scope="session")

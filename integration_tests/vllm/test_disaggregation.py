@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -26,7 +26,7 @@ import pytest
 from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, cpu_share, free_port, installed_command
+from .conftest import MODEL, cpu_share, free_port, installed_command, launch_side_by_side
 
 pytest.importorskip("nixl", reason="NixlConnector needs the nixl package (integration_tests/setup_vllm_venv.sh)")
 
@@ -37,7 +37,7 @@ TRANSFER = ('{{"kv_connector": "NixlConnector", "kv_role": "{role}", "kv_buffer_
 ROLES = ("kv_producer", "kv_consumer")
 
 
-def start(checkpoint: Path, role: str):
+def start(checkpoint: Path, role: str, cpus: set[int]):
     return launch_server(
         checkpoint, free_port(),
         ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
@@ -45,7 +45,7 @@ def start(checkpoint: Path, role: str):
         LOGS / f"deepinfer-{role}.log",
         env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
              "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-        cpus=cpu_share(ROLES.index(role), len(ROLES)))
+        cpus=cpus)
 
 
 def handoff(prefill: str, decode: str, body: dict, max_tokens: int) -> httpx.Response:
@@ -74,12 +74,8 @@ def connect(prefill: str, decode: str) -> None:
 @pytest.fixture(scope="module")
 def servers(checkpoint):
     """[prefill, decode] as (process, base URL); a test may replace the decode server."""
-    with ThreadPoolExecutor(len(ROLES)) as pool:
-        starting = [pool.submit(start, checkpoint, role) for role in ROLES]
-    running = [future.result() for future in starting if future.exception() is None]
+    running = launch_side_by_side([partial(start, checkpoint, role) for role in ROLES])
     try:
-        for future in starting:
-            future.result()
         connect(running[0][1], running[1][1])
         yield running
     finally:
@@ -165,7 +161,7 @@ def test_router_splits_prefill_and_decode(pd_router, prefill_and_decode, core_mo
 
 def test_a_restarted_decode_server_takes_handoffs_again(servers, checkpoint, core_model):
     stop_process_group(servers[1][0])
-    servers[1] = start(checkpoint, "kv_consumer")
+    servers[1] = start(checkpoint, "kv_consumer", cpu_share(ROLES.index("kv_consumer"), len(ROLES)))
     prefill, decode = servers[0][1], servers[1][1]
     connect(prefill, decode)
     response = handoff(prefill, decode, chat_body(30), 8)

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,7 @@ from deepinfer_plugins.kvstore import PrefixKey, PrefixStore
 from deepinfer_plugins.kvstore.unit import encode, read_header
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, cpu_share, free_port
+from .conftest import MODEL, cpu_share, free_port, launch_side_by_side
 
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 OFF = {"chat_template_kwargs": {"thinking": False}}
@@ -49,9 +50,8 @@ class Servers:
 
     def __init__(self, checkpoint, store_dir: Path):
         self.checkpoint, self.store_dir = checkpoint, store_dir
-        with ThreadPoolExecutor(2) as pool:
-            (self.a_process, self.a), (self.b_process, self.b) = pool.map(
-                lambda index: serve(checkpoint, store_dir, "ab"[index], cpu_share(index, 2)), range(2))
+        (self.a_process, self.a), (self.b_process, self.b) = launch_side_by_side(
+            [partial(serve, checkpoint, store_dir, name) for name in ("a", "b")])
 
     def restart_a(self) -> None:
         stop_process_group(self.a_process)

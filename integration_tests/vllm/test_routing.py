@@ -14,6 +14,7 @@ import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ import pytest
 from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, cpu_share, free_port, installed_command
+from .conftest import MODEL, free_port, installed_command, launch_side_by_side
 
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 OFF = {"chat_template_kwargs": {"thinking": False}}
@@ -34,19 +35,18 @@ def replicas_and_router(checkpoint):
     if router is None:
         pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
 
-    def start(index: int):  # one OpenMP thread each, on a share of the cores of its own
+    def start(index: int, cpus: set[int]):  # one OpenMP thread each
         return launch_server(
             checkpoint, free_port(),
             ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
              "--enable-scale-out"],
             LOGS / f"deepinfer-replica-{index}.log",
-            env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}, cpus=cpu_share(index, 2))
+            env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}, cpus=cpus)
 
-    with ThreadPoolExecutor(2) as pool:
-        starting = [pool.submit(start, index) for index in range(2)]
-    processes = [future.result()[0] for future in starting if future.exception() is None]
+    started = launch_side_by_side([partial(start, index) for index in range(2)])
+    processes = [process for process, _ in started]
+    replicas = [base for _, base in started]
     try:
-        replicas = [future.result()[1] for future in starting]
         port = free_port()
         log = LOGS / "deepinfer-cache-aware-router.log"
         processes.append(subprocess.Popen(
