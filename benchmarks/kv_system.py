@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from deepinfer_plugins.cli import launch_server, stop_process_group  # noqa: E402
+from deepinfer_plugins.cli import cpu_share, launch_server, stop_process_group  # noqa: E402
 from deepinfer_plugins.kvstore.unit import read_header  # noqa: E402
 
 MODEL = "deepseek-v4.1-small"
@@ -76,14 +76,14 @@ def answered(base: str, messages: list[dict]) -> list[dict]:
 
 
 def serve(checkpoint: Path, name: str, logs: Path, options, transfer: dict | None = None,
-          env: dict | None = None):
+          env: dict | None = None, cpus: set[int] | None = None):
     extra = ["--dtype", "float32", "--max-model-len", "8192", "--served-model-name", MODEL]
     if options.enforce_eager:
         extra.append("--enforce-eager")
     if transfer is not None:
         extra += ["--kv-transfer-config", json.dumps(transfer)]
     return launch_server(checkpoint, free_port(), extra, logs / f"kv-system-{name}.log", kv_cache_gib=2,
-                         timeout=1200, env=env)
+                         timeout=1200, env=env, cpus=cpus)
 
 
 def free_port() -> int:
@@ -137,13 +137,13 @@ def measure_pd(checkpoint: Path, logs: Path, options) -> list:
         return {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
                 "kv_connector_extra_config": {"kv_lease_duration": 120}}
 
-    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # each server on cores of its own
     prefill, base_p = serve(checkpoint, "prefill", logs, options, transfer("kv_producer"),
-                            {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())})
+                            {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}, cpu_share(0, 2))
     decode = None
     try:
         decode, base_d = serve(checkpoint, "decode", logs, options, transfer("kv_consumer"),
-                               {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())})
+                               {**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}, cpu_share(1, 2))
 
         def handoff(messages: list[dict]) -> tuple[float, dict]:
             """(prefill request + the decode server's first token, the prefill server's usage)."""

@@ -180,6 +180,16 @@ def wait_ready(base: str, process: subprocess.Popen, timeout: float, log: Path) 
     raise TimeoutError(f"the server was not ready after {timeout:.0f} s; log: {log}")
 
 
+def cpu_share(index: int, of: int) -> set[int]:
+    """The ``index``-th of ``of`` disjoint slices of the CPUs this process may use (all of them if there are
+    fewer CPUs than slices), for servers that run side by side (``launch_server``'s ``cpus``)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < of:
+        return set(allowed)
+    size = len(allowed) // of
+    return set(allowed[index * size:(index + 1) * size])
+
+
 def launch_server(model: str | Path, port: int, extra: list[str], log: Path, kv_cache_gib: int = 1,
                   timeout: float = 600, env: dict[str, str] | None = None, native: bool = False,
                   cpus: set[int] | None = None) -> tuple[subprocess.Popen, str]:

@@ -128,3 +128,23 @@ def test_kv_store_flag_and_a_transfer_config_of_ones_own_are_refused_together(mo
     monkeypatch.setattr(cli.os, "execvpe", lambda *args: (_ for _ in ()).throw(AssertionError("started")))
     assert cli.main(["serve", "--kv-store", "/x", "CKPT", "--kv-transfer-config", "{}"]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("allowed, shares", [
+    ({0, 1}, [{0}, {1}]),
+    ({4, 5, 6, 7}, [{4, 5}, {6, 7}]),
+    ({3}, [{3}, {3}]),  # fewer CPUs than servers: they share what there is
+])
+def test_servers_side_by_side_get_disjoint_cpu_shares(monkeypatch, allowed, shares):
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: allowed)
+    assert [cli.cpu_share(index, 2) for index in range(2)] == shares
+
+
+def test_a_launched_server_runs_on_the_cpus_it_was_given(monkeypatch, tmp_path):
+    cpu = min(cli.os.sched_getaffinity(0))
+    monkeypatch.setattr(cli, "serve_command", lambda model, extra: [
+        cli.sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"])
+    monkeypatch.setattr(cli, "wait_ready", lambda base, process, timeout, log: process.wait())
+    log = tmp_path / "server.log"
+    cli.launch_server("CKPT", 0, [], log, cpus={cpu})
+    assert log.read_text().strip() == str([cpu])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from deepinfer_plugins.cli import launch_server, stop_process_group, vllm_is_cpu_build
+from deepinfer_plugins.cli import cpu_share, launch_server, stop_process_group, vllm_is_cpu_build
 import pytest
 
 MODEL = "deepseek-v4.1-tiny"
@@ -32,17 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_share(index: int, of: int) -> set[int]:
-    """The ``index``-th of ``of`` disjoint slices of the CPUs this process may use (all of them if there are
-    fewer CPUs than slices), for servers that run side by side: on a two-core box, servers sharing both cores
-    stall each other for tens of seconds with their spin-waits (docs/multi_replica.md#on-a-cpu)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < of:
-        return set(allowed)
-    size = len(allowed) // of
-    return set(allowed[index * size:(index + 1) * size])
 
 
 def launch_side_by_side(starts: list[Callable[[set[int]], tuple[subprocess.Popen, str]]]

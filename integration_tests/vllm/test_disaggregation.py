@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
+from deepinfer_plugins.cli import cpu_share, launch_server, stop_process_group, wait_ready
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, cpu_share, free_port, installed_command, launch_side_by_side
+from .conftest import MODEL, free_port, installed_command, launch_side_by_side
 
 pytest.importorskip("nixl", reason="NixlConnector needs the nixl package (integration_tests/setup_vllm_venv.sh)")
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deepinfer_plugins.cli import launch_server, stop_process_group
+from deepinfer_plugins.cli import cpu_share, launch_server, stop_process_group
 from deepinfer_plugins.kvstore import PrefixKey, PrefixStore
 from deepinfer_plugins.kvstore.unit import encode, read_header
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, cpu_share, free_port, launch_side_by_side
+from .conftest import MODEL, free_port, launch_side_by_side
 
 LOGS = Path(os.environ.get("DEEPINFER_SERVER_LOG", "/tmp/deepinfer-integration-server.log")).parent
 OFF = {"chat_template_kwargs": {"thinking": False}}
