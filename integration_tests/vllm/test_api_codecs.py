@@ -6,8 +6,8 @@ the Chat and Responses prompt token ids the server runs are the ids ``deepinfer_
 gives, and the Messages prompt has the length of the recipe's (vLLM's Messages endpoint reports no prompt ids),
 which the recipe's differential suite holds equal to the official package's; a request the recipe refuses is
 refused with its message; vLLM's ``chat_template_kwargs`` thinking switch renders as the API's own; images reach
-the engine in placeholder order. What vLLM's own request models refuse before any rendering is counted, and must
-stay the exception.
+the engine in placeholder order; a body vLLM's own request models refuse before any rendering is refused with the
+codec's message where the codec refuses it too, and no generated request the recipe renders is refused.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipe" / "tests")
 import gen  # noqa: E402  (the recipe's request generators)
 
 SEEDS = range(32)
-# What vLLM's own request models refuse before any renderer runs (limits in the patch ledger).
-REFUSED_BY_VLLM = ("validation error", "not found in 'tools'", "`tools` must be set")
 
 
 def sent_body(api: str, body: dict) -> dict:
@@ -97,12 +95,36 @@ def generated(api: str) -> list[tuple[str, dict]]:
     for seed in SEEDS:
         cases.append(("plain", getattr(gen, api)(random.Random(seed))))
         cases.append(gen.shape(api, random.Random(10_000 + seed), count=False))
+        cases.append(gen.boundary(api, random.Random(20_000 + seed), count=False))
+    return cases
+
+
+def generated_everywhere(api: str, seeds=range(150)) -> list[tuple[str, dict]]:
+    """(class, request) from each of the recipe's generators of ``api`` (those of its differential suite, with
+    the default conversion options)."""
+    cases = []
+    for seed in seeds:
+        cases += [("plain", getattr(gen, api)(random.Random(seed))),
+                  gen.shape(api, random.Random(10_000 + seed), count=False),
+                  gen.boundary(api, random.Random(20_000 + seed), count=False),
+                  gen.tool_schemas(api, random.Random(40_000 + seed)),
+                  ("images", gen.images(api, random.Random(60_000 + seed))),
+                  ("deferred tools", gen.deferred_tools(api, random.Random(70_000 + seed)))]
+        if api != "messages":  # strict schemas are a Chat and Responses notion
+            cases.append(gen.strict(api, random.Random(30_000 + seed)))
+        kinds, body, options = gen.combined(api, random.Random(50_000 + seed))
+        if options is None:
+            cases.append(("+".join(kinds), body))
+        if api == "responses":
+            cases.append(("tool search", gen.tool_search(random.Random(80_000 + seed))))
     return cases
 
 
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 def test_generated_requests_run_the_recipes_prompt(server, checkpoint, api):
-    matched, refused_by_vllm, mismatched = [], [], []
+    """Plain, reshaped and boundary requests: each the recipe renders runs its prompt, each it refuses is refused
+    with its message, whether vLLM's request model or the codec refused it first (patch_validation_errors)."""
+    matched, refused, mismatched = [], [], []
     for kind, body in generated(api):
         body = sent_body(api, body)
         want = recipe(api, body, checkpoint)
@@ -111,15 +133,13 @@ def test_generated_requests_run_the_recipes_prompt(server, checkpoint, api):
         got = post(server, api, body)
         if isinstance(want, deepinfer_recipe.RecipeError):
             assert got.status_code == 400, (kind, want.message, got.text)
-            message = error_message(got)
-            assert want.message in message or any(s in message for s in REFUSED_BY_VLLM), (kind, message)
-        elif got.status_code == 400 and any(s in error_message(got) for s in REFUSED_BY_VLLM):
-            refused_by_vllm.append(kind)
+            assert want.message in error_message(got), (kind, want.message, error_message(got))
+            refused.append(kind)
         else:
             assert got.status_code == 200, (kind, got.text)
             (matched if served_prompt(api, got) == wanted_prompt(api, want) else mismatched).append(kind)
     assert not mismatched, f"served prompts that differ from the recipe's: {mismatched}"
-    assert len(matched) >= len(refused_by_vllm) and len(matched) >= 16, (matched, refused_by_vllm)
+    assert len(matched) >= 16 and refused, (matched, refused)
 
 
 def test_responses_developer_message_and_reasoning_items(server, checkpoint):
@@ -337,3 +357,43 @@ def test_responses_hosted_entries_vllm_cannot_read_render_as_the_official_packag
     got = post(server, "responses", body)
     assert got.status_code == 200, got.text
     assert served_prompt("responses", got) == want.token_ids
+
+
+@pytest.mark.parametrize("thinking", [{"type": "enabled", "budget_tokens": 2048}, {"type": "enabled"},
+                                      {"type": "enabled", "budget_tokens": 10}])
+def test_messages_thinking_with_any_budget_renders_as_the_official_package_does(server, checkpoint, thinking):
+    """Anthropic's clients send an enabled thinking config with a budget, which the official API accepts at any
+    value (or none) and reads nowhere; vLLM's model required one of at least 1024 below ``max_tokens``, and vLLM
+    made it a thinking-token budget, which a server without a reasoning config refused."""
+    body = sent_body("messages", {"thinking": thinking,
+                                  "messages": [{"role": "user", "content": "Think, then say hi."}]})
+    body["max_tokens"] = 3
+    want = recipe("messages", body, checkpoint)
+    assert not isinstance(want, deepinfer_recipe.RecipeError), want
+    got = post(server, "messages", body)
+    assert got.status_code == 200, got.text
+    assert served_prompt("messages", got) == len(want.token_ids)
+    assert got.json()["usage"]["output_tokens"] == 3
+
+
+REFUSED_BY_BOTH = [
+    ("chat", {"messages": "Hi."}),
+    ("chat", {"messages": [{"role": "user", "content": "Hi."}], "temperature": "hot"}),
+    ("responses", {"input": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]}),
+    ("responses", {"input": 5}),
+    ("messages", {"messages": [{"role": "user", "content": "Hi."}], "tools": [{"name": "lookup"}]}),
+    ("messages", {"messages": [{"role": "wizard", "content": "Hi."}]}),
+]
+
+
+@pytest.mark.parametrize("api, body", REFUSED_BY_BOTH)
+def test_a_body_vllms_model_and_the_codec_refuse_gets_the_codecs_message(server, checkpoint, api, body):
+    """vLLM's request models refuse these before any codec runs; the answer is the codec's refusal, the official
+    package's message naming the field (patch_validation_errors), in the API's own error shape."""
+    body = sent_body(api, body)
+    refused = recipe(api, body, checkpoint)
+    assert isinstance(refused, deepinfer_recipe.RecipeError), refused
+    got = post(server, api, body)
+    assert got.status_code == 400 and error_message(got) == refused.message, got.text
+    shape = (got.json()["type"], got.json()["error"]["type"]) if api == "messages" else got.json()["error"]["code"]
+    assert shape == (("error", "BadRequestError") if api == "messages" else 400), got.json()

@@ -20,12 +20,14 @@ def chat(response_format):
                                                  "response_format": response_format})
 
 
-def messages(content, effort=None):
+def messages(content, effort=None, thinking=None, max_tokens=4):
     from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 
-    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    body = {"model": "m", "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}
     if effort is not None:
         body["output_config"] = {"effort": effort}
+    if thinking is not None:
+        body["thinking"] = thinking
     return AnthropicMessagesRequest.model_validate(body)
 
 
@@ -91,9 +93,37 @@ def test_another_models_messages_path_still_refuses_them():
     assert asyncio.run(handle(Serving(), server_tool)) == \
         ("400", "a 'server_tool_use' content block is not supported for this model")
     assert asyncio.run(handle(Serving(), plain)) == "served" and calls == [plain]
+    for thinking, refused in (({"type": "enabled"}, "thinking.budget_tokens missing"),
+                              ({"type": "enabled", "budget_tokens": 5}, "thinking.budget_tokens 5 (below 1024)"),
+                              ({"type": "enabled", "budget_tokens": 4096},
+                               "thinking.budget_tokens 4096 (not below max_tokens 4)")):
+        assert asyncio.run(handle(Serving(), messages("hi", thinking=thinking))) == \
+            ("400", f"{refused} is not supported for this model")
+    budgeted = messages("hi", thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048)
+    assert asyncio.run(handle(Serving(), budgeted)) == "served"
     ours = Serving()
     ours.renderer = DeepInferRenderer.__new__(DeepInferRenderer)
     assert asyncio.run(handle(ours, with_document)) == "served"
+    assert asyncio.run(handle(ours, messages("hi", thinking={"type": "enabled"}))) == "served"
+
+
+@pytest.mark.parametrize("thinking", [{"type": "enabled"}, {"type": "enabled", "budget_tokens": None},
+                                      {"type": "enabled", "budget_tokens": 0},
+                                      {"type": "enabled", "budget_tokens": 100_000}])
+def test_an_enabled_thinking_config_takes_any_budget_the_official_api_takes(thinking):
+    """The official API accepts an enabled thinking config with no budget or any non-negative one (it reads none),
+    where vLLM's model required a budget of at least 1024 below ``max_tokens``."""
+    from vllm.entrypoints.anthropic.protocol import AnthropicCountTokensRequest
+
+    assert messages("hi", thinking=thinking).thinking.budget_tokens == thinking.get("budget_tokens")
+    AnthropicCountTokensRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                "thinking": thinking})
+
+
+@pytest.mark.parametrize("budget", [-1, "many", 1.5])
+def test_a_thinking_budget_the_official_api_refuses_is_still_refused(budget):
+    with pytest.raises(ValidationError, match="budget_tokens"):
+        messages("hi", thinking={"type": "enabled", "budget_tokens": budget})
 
 
 def chat_with_tools(tool_choice, tools=({"type": "function", "function": {"name": "lookup"}},)):
@@ -152,14 +182,15 @@ def test_a_tool_choice_without_tools_is_auto(tools, choice):
 
     name = "" if choice == "empty name" else "lookup"
     chat_choice = {"type": "function", "function": {"name": name}} if choice in ("named", "empty name") else choice
-    responses_choice = {"type": "function", "name": name} if choice in ("named", "empty name") else choice
     declared = {} if tools == "absent" else {"tools": tools}
     request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                     "tool_choice": chat_choice, **declared})
     assert request.tool_choice == "auto" and not request.tools
-    request = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tool_choice": responses_choice,
-                                               **declared})
-    assert request.tool_choice == "auto" and not request.tools
+    for kind in ("function", "custom"):
+        responses_choice = {"type": kind, "name": name} if choice in ("named", "empty name") else choice
+        request = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tool_choice": responses_choice,
+                                                   **declared})
+        assert request.tool_choice == "auto" and not request.tools
 
 
 def test_an_empty_tool_list_is_no_tools():
@@ -191,14 +222,73 @@ def test_responses_entries_the_codec_skips_and_vllm_cannot_read_are_dropped():
         ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [{"type": "function"}]})
 
 
-def test_an_assistant_message_with_a_file_and_output_text_is_read_as_input():
+@pytest.mark.parametrize("part", [{"type": "input_file", "file_id": "f1"},
+                                  {"type": "input_image", "image_url": "https://x/y.png"}])
+def test_an_assistant_message_with_a_file_or_image_and_output_text_is_read_as_input(part):
+    """Readable by vLLM, so that the codec stubs the file, or refuses the image with the official message."""
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
     message = {"type": "message", "id": "m1", "status": "completed", "role": "assistant", "content": [
-        {"type": "input_file", "file_id": "f1"}, {"type": "output_text", "text": "ok", "annotations": []}]}
+        part, {"type": "output_text", "text": "ok", "annotations": []}]}
     request = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "user", "content": "hi"}, message]})
-    assert list(request.input[1]["content"]) == [{"type": "input_file", "file_id": "f1"},
-                                                 {"type": "input_text", "text": "ok"}]
+    given, text = request.input[1]["content"]
+    assert dict(given)["type"] == part["type"] and dict(text) == {"type": "input_text", "text": "ok"}
     plain = {**message, "content": message["content"][1:]}  # readable as given: left as it is
     request = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "user", "content": "hi"}, plain]})
     assert request.input[1].id == "m1" and request.input[1].content[0].type == "output_text"
+
+
+@pytest.mark.parametrize("field, value", [("frequency_penalty", 2.0000002), ("presence_penalty", -3.5),
+                                          ("frequency_penalty", "high"), ("seed", 1 << 63), ("seed", -(1 << 64)),
+                                          ("seed", 1.5)])
+def test_responses_values_the_official_package_reads_nowhere_are_dropped_where_vllm_cannot_hold_them(field, value):
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    assert getattr(ResponsesRequest.model_validate({"model": "m", "input": "hi", field: value}), field) is None
+    assert getattr(ResponsesRequest.model_validate({"model": "m", "input": "hi", field: 1}), field) == 1
+
+
+def test_a_namespace_tool_without_a_description_is_read():
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    tool = {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f"}]}
+    request = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [tool]})
+    assert request.tools[0].description == "" and request.tools[0].tools[0].name == "f"
+    described = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [{**tool, "description": "d"}]})
+    assert described.tools[0].description == "d"
+
+
+MODELS = {"chat": "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest",
+          "responses": "vllm.entrypoints.openai.responses.protocol:ResponsesRequest",
+          "messages": "vllm.entrypoints.anthropic.protocol:AnthropicMessagesRequest"}
+
+
+@pytest.mark.parametrize("api", sorted(MODELS))
+def test_every_generated_request_the_recipe_renders_validates(api):
+    """vLLM's request models run before any codec: each request of the recipe's generators (every part and item
+    kind, boundary values, strict schemas, tool schemas, combinations, images, deferred tools, tool search) that
+    the recipe renders must validate, or the server would refuse a request the official package accepts."""
+    import importlib
+
+    import deepinfer_recipe
+
+    from .test_api_codecs import codec_request, generated_everywhere, sent_body
+
+    module, name = MODELS[api].split(":")
+    model = getattr(importlib.import_module(module), name)
+    rendered, refused, classes = 0, [], set()
+    for kind, body in generated_everywhere(api):
+        body = sent_body(api, body)
+        try:
+            deepinfer_recipe.render(codec_request(api, body), api)
+        except deepinfer_recipe.RecipeError:
+            continue
+        rendered += 1
+        classes.add(kind)
+        try:
+            model.model_validate(body)
+        except (ValidationError, ValueError) as exc:
+            refused.append((kind, str(exc).splitlines()[:3]))
+    print(f"{api}: {rendered} rendered requests of {len(classes)} classes validate")
+    assert not refused, refused
+    assert rendered >= 500 and len(classes) >= 20, (rendered, sorted(classes))

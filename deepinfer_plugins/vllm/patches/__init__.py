@@ -71,9 +71,13 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
         keeps for a follow-up, are the input items. Other renderers, and requests vLLM builds itself (its
         built-in tool loop, its thinking probe, offline ``LLM.chat``), take vLLM's path unchanged.
   remove when: vLLM lets a renderer render a request of each API from its body.
+  * a Messages request's ``thinking.budget_tokens`` -> not vLLM's thinking-token budget.
+    why:  the official API reads the budget nowhere; vLLM would end the reasoning there, or, with no reasoning
+          config, refuse the request.
   limits: vLLM's request models run before any of this: a body they refuse never reaches a codec.
           patch_request_models lets through each such body the official package accepts that we know of (its
-          entries below); another one would be vLLM's 400.
+          entries below), and patch_validation_errors gives a refused body the codec's refusal where the codec
+          refuses it too; another body the official package accepts would be vLLM's 400.
   tested: integration_tests/vllm/test_api_codecs.py (served prompts equal the recipe's for generated requests of
           the three APIs, images included; refusals carry the recipe's message); integration_tests/vllm/
           test_routing.py (the render endpoints' ids are the codecs', in all three APIs);
@@ -85,7 +89,8 @@ patch_api_codecs (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServ
 patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat; vllm/entrypoints/anthropic/
                       protocol.py, AnthropicContentBlock and AnthropicOutputConfig; the chat and completion
                       protocols' ``structured_outputs_from_response_format``; the chat and responses protocols'
-                      request models; vllm/entrypoints/anthropic/serving.py, AnthropicServingMessages.
+                      request models; vllm/entrypoints/anthropic/protocol.py, AnthropicThinkingConfigEnabled and
+                      AnthropicMessagesRequest; vllm/entrypoints/anthropic/serving.py, AnthropicServingMessages.
                       create_messages and count_tokens)
   * ``ResponseFormat.type`` -> also ``regex`` (its ``regex`` kept as an extra field), which constrains the output
     to that regex through vLLM's own ``structured_outputs.regex``.
@@ -95,8 +100,13 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
           stubbed in place as unsupported; the efforts map to thinking on or off) and vLLM's request models
           refused them with a 400 before the codec (patch_api_codecs) could render them. The official package
           refuses server-tool blocks with its own message, which the codec gives once the body reaches it.
+  * ``AnthropicThinkingConfigEnabled.budget_tokens`` -> optional, any non-negative integer;
+    ``AnthropicMessagesRequest`` -> without its check that the budget is below ``max_tokens``.
+    why:  the official API accepts an enabled thinking config without a budget, or with any budget (it reads none;
+          Anthropic's SDK clients send one); vLLM required one of at least 1024, below ``max_tokens``.
   * ``ChatCompletionRequest.check_tool_usage``, ``ResponsesRequest.check_tool_usage`` -> a body without tools
-    (absent, null or ``[]``) whose tool choice is ``auto``, ``required`` or a named function validates, its
+    (absent, null or ``[]``) whose tool choice is ``auto``, ``required`` or a named tool (a function, or in
+    Responses a custom tool) validates, its
     choice read as ``auto`` and an empty tool list dropped; their refusal of a named tool_choice that names no
     declared tool (or an empty name) carries the official message ("Invalid value for 'tool_call': no function
     named ...").
@@ -106,10 +116,12 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
   * ``ResponsesRequest.check_tool_usage`` -> first drops the input items and tools the codec skips (any type
     outside deepinfer_recipe's ``RENDERED_ITEM_TYPES`` / ``RENDERED_TOOL_TYPES``) that OpenAI's types cannot
     read: a hosted tool's call with only its ids, a bare ``file_search`` tool; a message mixing an
-    ``input_file`` part with ``output_text`` parts has those given as ``input_text``.
-    why:  the official package skips such entries (they cannot change the prompt) and stubs a file in place,
-          reading both text kinds alike; vLLM refused the whole body (or, for an output message, whose content
-          it validates lazily, lost the parts).
+    ``input_file`` or ``input_image`` part with ``output_text`` parts has those given as ``input_text``; a
+    penalty or seed its model cannot hold is dropped; a namespace tool without a description gets an empty one.
+    why:  the official package skips such entries (they cannot change the prompt), stubs a file in place and
+          refuses an image in an assistant message with its own message, reading both text kinds alike; it reads
+          no penalty or seed of a Responses request and needs no namespace description; vLLM refused the whole
+          body (or, for an output message, whose content it validates lazily, lost the parts).
   how:  each Literal is widened, the validator is swapped in the model's pydantic decorators, and the models
         that contain them are rebuilt (pydantic copies a model's schema into the models that contain it). vLLM's
         routers are imported when the app is built, after the plugin has loaded, so their validators see the
@@ -127,6 +139,19 @@ patch_request_models (vllm/entrypoints/generate/base/protocol.py, ResponseFormat
           skipped entries dropped, readable ones kept, malformed rendered ones refused; the tool-choice
           message, vLLM's other refusals unchanged);
           tests/vllm/test_request_models.py (widening a Literal).
+
+patch_validation_errors (vllm/entrypoints/serve/exception_handling/register.py, validation_exception_handler)
+  * the refusal of a body vLLM's request models refuse, on a Chat Completions, Responses or Messages route of a
+    server whose handler of that API renders with ours -> the codec's refusal (its message, a 400; Anthropic's
+    error shape on the Messages routes) where the codec refuses the body too; vLLM's own refusal otherwise, and
+    for a Responses follow-up (``previous_response_id``: the earlier items are in the server's store).
+    why:  the official package refuses such bodies with its own message naming the field; vLLM's validation
+          message listed pydantic's errors for every branch of its union types ("229 validation errors ...").
+  how:  vLLM registers the handler when the app is built, after the plugin has loaded; the wrapper renders the
+        body FastAPI parsed (the error's ``body``) with the route's codec.
+  remove when: vLLM lets a renderer validate the requests it renders.
+  tested: integration_tests/vllm/test_api_codecs.py (bodies both refuse get the recipe's message in all three
+          APIs; generated requests the recipe refuses are refused with its message).
 
 patch_usage (vllm/entrypoints/openai/chat_completion/serving.py, OpenAIServingChat.__init__;
              vllm/entrypoints/serve/engine/protocol.py, UsageInfo.__setattr__)
@@ -147,10 +172,11 @@ from __future__ import annotations
 
 
 def apply_all() -> list[str]:
-    from . import patch_arch_config, patch_api_codecs, patch_request_models, patch_responses_store, patch_usage
+    from . import (patch_api_codecs, patch_arch_config, patch_request_models, patch_responses_store, patch_usage,
+                   patch_validation_errors)
 
     # request_models before api_codecs: api_codecs imports the render router, which reads the request models
     applied = {"arch_config": patch_arch_config.apply(), "responses_store": patch_responses_store.apply(),
                "request_models": patch_request_models.apply(), "api_codecs": patch_api_codecs.apply(),
-               "usage": patch_usage.apply()}
+               "validation_errors": patch_validation_errors.apply(), "usage": patch_usage.apply()}
     return [name for name, done in applied.items() if done]

@@ -166,7 +166,9 @@ def responses_rendering(render_responses):
 
 def messages_conversion(to_chat_completion_request):
     """Wrap ``AnthropicServingMessages.to_chat_completion_request``: the chat request converted from the Messages
-    request being served is claimed for the Messages codec, with the request it renders."""
+    request being served is claimed for the Messages codec, with the request it renders. Its thinking budget is
+    dropped: the official API reads ``thinking.budget_tokens`` nowhere, and vLLM would stop the reasoning there
+    (or, with no reasoning config, refuse the request)."""
 
     def convert(cls, anthropic_request, **options):
         from ..tokenizer import MODEL_NAME
@@ -174,6 +176,7 @@ def messages_conversion(to_chat_completion_request):
         chat_request = to_chat_completion_request(cls, anthropic_request, **options)
         sent = SENT_BODY.get()
         if sent is not None and sent[0] is anthropic_request:
+            chat_request.thinking_token_budget = None
             CODEC.set((chat_request, "messages", messages_request(sent[1], MODEL_NAME)))
         return chat_request
 

@@ -12,7 +12,7 @@ codec), but with the official message."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal, get_args, get_origin
+from typing import Literal, Optional, get_args, get_origin
 
 _PATCHED_FLAG = "_deepinfer_patched"
 _REFUSED_FLAG = "_deepinfer_refused_elsewhere"  # its own flag: patch_api_codecs wraps the same handlers
@@ -21,6 +21,10 @@ REGEX_FORMAT = "regex"
 # the Messages codec stubs a document in place and refuses server-tool blocks, each as the official package does
 MESSAGES_BLOCKS = ("document", "server_tool_use", "web_search_tool_result")
 MESSAGES_EFFORTS = ("none", "minimal", "ultra")
+# vLLM's (Anthropic's) rules for an enabled thinking budget; the official API reads none of them
+THINKING_BUDGET_FLOOR = 1024
+THINKING_BUDGET_CHECK = "validate_thinking_budget"
+INPUT_ONLY_PARTS = {"input_file", "input_image"}  # Responses content parts only an input message takes
 UNDECLARED_TOOL = "Invalid value for 'tool_call': no function named '{}' was specified in the 'tools' parameter."
 
 
@@ -41,9 +45,44 @@ def widen_literal(model, field: str, added: tuple[str, ...]) -> bool:
     return True
 
 
+def optional_thinking_budget(enabled_config) -> bool:
+    """Make ``budget_tokens`` of an enabled thinking config optional and any non-negative integer, as the official
+    API reads it (vLLM required it, at least 1024). -> whether it changed; the caller rebuilds."""
+    from annotated_types import Ge
+
+    info = enabled_config.model_fields["budget_tokens"]
+    if info.default is None:
+        return False
+    info.annotation, info.default, info.metadata = Optional[int], None, [Ge(0)]
+    return True
+
+
+def without_budget_check(request_model) -> bool:
+    """Drop the request model's check that the thinking budget is below ``max_tokens``, which the official API
+    does not make; ``refused_elsewhere`` makes it for another model's renderer. -> whether it changed."""
+    return request_model.__pydantic_decorators__.model_validators.pop(THINKING_BUDGET_CHECK, None) is not None
+
+
+def thinking_budget_refusals(request) -> list[str]:
+    """What vLLM's Messages models refused of an enabled thinking budget and the official API accepts."""
+    thinking = getattr(request, "thinking", None)
+    if getattr(thinking, "type", None) != "enabled":
+        return []
+    budget = thinking.budget_tokens
+    if budget is None:
+        return ["thinking.budget_tokens missing"]
+    if budget < THINKING_BUDGET_FLOOR:
+        return [f"thinking.budget_tokens {budget} (below {THINKING_BUDGET_FLOOR})"]
+    max_tokens = getattr(request, "max_tokens", None)
+    remote_prefill = (getattr(request, "kv_transfer_params", None) or {}).get("do_remote_decode")
+    if max_tokens is not None and budget >= max_tokens and not remote_prefill:
+        return [f"thinking.budget_tokens {budget} (not below max_tokens {max_tokens})"]
+    return []
+
+
 def official_only_values(request) -> list[str]:
     """The values of a Messages request that only the widened models accept."""
-    found = []
+    found = thinking_budget_refusals(request)
     effort = getattr(getattr(request, "output_config", None), "effort", None)
     if effort in MESSAGES_EFFORTS:
         found.append(f"output_config.effort {effort!r}")
@@ -55,8 +94,8 @@ def official_only_values(request) -> list[str]:
 
 def refused_elsewhere(handler):
     """Wrap a Messages handler: where a model other than ours serves the request, its conversion would drop a
-    document block or pass on an effort its template does not know, so those values are refused with a 400, as
-    vLLM's models refused them."""
+    document block, pass on an effort its template does not know or a thinking budget vLLM's rules refuse, so
+    those values are refused with a 400, as vLLM's models refused them."""
 
     async def handle(self, request, raw_request=None):
         from .patch_api_codecs import deepinfer_renders
@@ -91,12 +130,14 @@ def regex_constraint(structured_outputs_from_response_format):
 
 
 def chat_choice_name(choice: dict):
-    function = choice.get("function")
+    """The name a Chat tool choice gives: only a ``function`` choice names a tool."""
+    function = choice.get("function") if choice.get("type") == "function" else None
     return function.get("name") if isinstance(function, dict) else None
 
 
 def responses_choice_name(choice: dict):
-    return choice.get("name")
+    """The name a Responses tool choice gives: a ``function`` or a ``custom`` choice names a tool."""
+    return choice.get("name") if choice.get("type") in ("function", "custom") else None
 
 
 def declared_tool_names(tools: list) -> set:
@@ -112,15 +153,15 @@ def declared_tool_names(tools: list) -> set:
 
 def toolless_choice(data, choice_name) -> bool:
     """Whether a request body declares no tools (absent, null or ``[]``) and gives an empty tool list or a tool
-    choice of a kind the official package then reads as ``auto``: ``auto``, ``required`` or a named function (any
-    name)."""
+    choice of a kind the official package then reads as ``auto``: ``auto``, ``required`` or a named tool (any
+    name; ``choice_name`` says which choices name one)."""
     if not isinstance(data, dict) or data.get("tools") not in (None, []):
         return False
     choice = data.get("tool_choice")
     if choice is None:
         return data.get("tools") == []
     if isinstance(choice, dict):
-        return choice.get("type") == "function" and isinstance(choice_name(choice), str)
+        return isinstance(choice_name(choice), str)
     return choice in ("auto", "required")
 
 
@@ -128,9 +169,9 @@ def without_unreadable_skipped_entries(data, element_types):
     """A Responses body without the input items and tools that vLLM's request model cannot read (a hosted tool's
     call with only its ids, a bare ``file_search`` tool: OpenAI's types require more fields) and that the codec
     skips as the official package does (deepinfer_recipe's ``RENDERED_ITEM_TYPES``, ``RENDERED_TOOL_TYPES``):
-    neither could change the prompt, and vLLM refused the whole body for them. Messages mixing a file with output
-    text are made readable (``file_message_as_input``). ``element_types`` maps "input" and "tools" to a pydantic
-    ``TypeAdapter`` of one element."""
+    neither could change the prompt, and vLLM refused the whole body for them. Messages mixing a file or an image
+    with output text are made readable (``mixed_message_as_input``). ``element_types`` maps "input" and "tools" to
+    a pydantic ``TypeAdapter`` of one element."""
     from deepinfer_recipe.apis.responses import RENDERED_ITEM_TYPES, RENDERED_TOOL_TYPES
     from pydantic import ValidationError
 
@@ -150,25 +191,58 @@ def without_unreadable_skipped_entries(data, element_types):
             kept[field] = [entry for entry in entries if not isinstance(entry, dict) or "type" not in entry
                            or entry["type"] in rendered or readable(entry, element_types[field])]
     if isinstance(kept.get("input"), list):
-        kept["input"] = [file_message_as_input(item) for item in kept["input"]]
+        kept["input"] = [mixed_message_as_input(item) for item in kept["input"]]
     return kept
 
 
-def file_message_as_input(item):
-    """A message holding an ``input_file`` part beside ``output_text`` parts fits none of OpenAI's message types
-    (an output message takes no file, an input message no output text; vLLM's model refused the body, or, for an
-    output message whose content it validates lazily, later lost the parts). The codec reads both text kinds
-    alike and stubs the file in place, as the official package does; so the output text parts are given as input
-    text, which vLLM's input message reads."""
+def mixed_message_as_input(item):
+    """A message holding an input-only part (``input_file``, ``input_image``) beside ``output_text`` parts fits
+    none of OpenAI's message types (an output message takes neither, an input message no output text; vLLM's
+    model refused the body, or, for an output message whose content it validates lazily, later lost the parts).
+    The codec reads both text kinds alike, stubs a file in place and refuses an image in an assistant message
+    with the official message; so the output text parts are given as input text, which vLLM's input message
+    reads."""
     if not isinstance(item, dict) or item.get("type", "message") != "message" \
             or not isinstance(item.get("content"), list):
         return item
     content = item["content"]
-    if not {"input_file", "output_text"} <= {part.get("type") for part in content if isinstance(part, dict)}:
+    kinds = {part.get("type") for part in content if isinstance(part, dict)}
+    if "output_text" not in kinds or not kinds & INPUT_ONLY_PARTS:
         return item
     as_input = [{"type": "input_text", "text": part.get("text")}
                 if isinstance(part, dict) and part.get("type") == "output_text" else part for part in content]
     return {key: value for key, value in item.items() if key not in ("id", "status")} | {"content": as_input}
+
+
+INT64 = 1 << 63
+# Responses fields the official package reads nowhere, with what vLLM's Responses model takes of each
+UNREAD_RESPONSES_FIELDS = {"frequency_penalty": lambda value: -2 <= value <= 2,
+                           "presence_penalty": lambda value: -2 <= value <= 2,
+                           "seed": lambda value: isinstance(value, int) and -INT64 <= value < INT64}
+
+
+def readable_responses_values(data):
+    """A Responses body without the values vLLM's request model refused and the official package accepts: a
+    penalty or a seed it cannot hold (out of its range, or not a number), which the official package reads
+    nowhere in a Responses request (dropped), and a namespace tool without the ``description`` OpenAI's type
+    requires and the official package does not (given an empty one)."""
+    if not isinstance(data, dict):
+        return data
+    kept = dict(data)
+    for field, takes in UNREAD_RESPONSES_FIELDS.items():
+        value = kept.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not takes(value)):
+            del kept[field]
+    if isinstance(kept.get("tools"), list):
+        kept["tools"] = [{**tool, "description": ""} if isinstance(tool, dict) and tool.get("type") == "namespace"
+                         and "description" not in tool else tool for tool in kept["tools"]]
+    return kept
+
+
+def readable_responses_body(data, element_types):
+    """What vLLM's Responses model validates of a body: ``without_unreadable_skipped_entries``, then
+    ``readable_responses_values``."""
+    return readable_responses_values(without_unreadable_skipped_entries(data, element_types))
 
 
 def official_tool_usage(check_tool_usage, choice_name, prepare=lambda data: data):
@@ -248,13 +322,16 @@ def apply() -> bool:
     changed = widen_literal(base.ResponseFormat, "type", (REGEX_FORMAT,))
     changed |= widen_literal(anthropic.AnthropicContentBlock, "type", MESSAGES_BLOCKS)
     changed |= widen_literal(anthropic.AnthropicOutputConfig, "effort", MESSAGES_EFFORTS)
+    changed |= optional_thinking_budget(anthropic.AnthropicThinkingConfigEnabled)
+    changed |= without_budget_check(anthropic.AnthropicMessagesRequest)
     changed |= patch_tool_usage_check(chat.ChatCompletionRequest, chat_choice_name)
     changed |= patch_tool_usage_check(responses.ResponsesRequest, responses_choice_name,
-                                         partial(without_unreadable_skipped_entries,
+                                         partial(readable_responses_body,
                                                  element_types=responses_element_types(responses.ResponsesRequest)))
     if changed:  # inner models first: each rebuild copies the schemas of the models it contains
         for model in (base.ResponseFormat, chat.ChatCompletionRequest, completion.CompletionRequest,
                       anthropic.AnthropicContentBlock, anthropic.AnthropicMessage, anthropic.AnthropicOutputConfig,
+                      anthropic.AnthropicThinkingConfigEnabled,
                       anthropic.AnthropicMessagesRequest, anthropic.AnthropicCountTokensRequest,
                       responses.ResponsesRequest):
             model.model_rebuild(force=True)
