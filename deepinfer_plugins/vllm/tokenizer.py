@@ -114,7 +114,7 @@ class DeepInferRenderer(BaseRenderer):
             parsed = parse_chat_messages(messages, self.model_config, content_format="openai",
                                          media_io_kwargs=params.media_io_kwargs,
                                          mm_processor_kwargs=params.mm_processor_kwargs)
-        return _engine_prompt(rendered, *parsed)
+        return _engine_prompt(rendered, *parsed, self._vision())
 
     async def render_messages_async(self, messages, params):
         """As ``render_messages``, with image URLs fetched and decoded off the server's event loop."""
@@ -123,7 +123,10 @@ class DeepInferRenderer(BaseRenderer):
             parsed = await parse_chat_messages_async(messages, self.model_config, content_format="openai",
                                                      media_io_kwargs=params.media_io_kwargs,
                                                      mm_processor_kwargs=params.mm_processor_kwargs)
-        return _engine_prompt(rendered, *parsed)
+        return _engine_prompt(rendered, *parsed, self._vision())
+
+    def _vision(self):
+        return serving_args(str(self.model_config.model)).vision
 
     def _render(self, messages, params):
         prerendered = PRERENDERED.get()
@@ -156,14 +159,39 @@ class DeepInferRenderer(BaseRenderer):
         return str(self.model_config.tokenizer)
 
 
-def _engine_prompt(rendered, conversation, mm_data, mm_uuids):
+def _engine_prompt(rendered, conversation, mm_data, mm_uuids, vision):
     """The recipe's token ids with the images vLLM decoded, in message order: the order of the placeholders."""
     prompt = {"prompt_token_ids": rendered.token_ids, "prompt": rendered.prompt}
+    if mm_data and vision is not None:
+        _size_for_detail(rendered.images, mm_data, mm_uuids, vision)
     if mm_data:
         prompt["multi_modal_data"] = mm_data
         if mm_uuids is not None:
             prompt["multi_modal_uuids"] = mm_uuids
     return conversation, prompt
+
+
+def _size_for_detail(sources, mm_data: dict, mm_uuids: dict | None, vision) -> None:
+    """vLLM's processor (vllm/vision.py) plans every image at the default detail; an image whose part asks for a
+    detail that plans another grid (``low``: a large image shrunk, as the recipe counts its tokens) is handed to
+    it already fitted to that grid (``resize_for_detail``). vLLM hashes the fitted pixels, so one image sent at
+    two details is cached as two; a client's own image uuid gets the detail appended for the same reason."""
+    from vllm.multimodal.media import MediaWithBytes
+
+    from ..models.deepseek_v41.image_processing import resize_for_detail
+
+    images, uuids = mm_data.get("image"), (mm_uuids or {}).get("image")
+    if not isinstance(images, list) or len(images) != len(sources):
+        return
+    for at, (source, image) in enumerate(zip(sources, images)):
+        if source.detail in (None, "high"):
+            continue
+        resized = resize_for_detail(image.media if isinstance(image, MediaWithBytes) else image, vision,
+                                    source.detail)
+        if resized is not None:
+            images[at] = resized
+            if isinstance(uuids, list) and uuids[at] is not None:
+                uuids[at] = f"{uuids[at]}#detail={source.detail}"
 
 
 @contextlib.contextmanager

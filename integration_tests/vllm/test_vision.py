@@ -3,13 +3,14 @@
 Guarantees: an image sent through Chat Completions (``image_url``), Responses (``input_image``) or Anthropic
 Messages (an ``image`` block with a base64 source), streamed or not, gets exactly the answer of the core model
 run greedily on the same prompt with the image's span embeddings at the positions vLLM laid out; two images in
-one prompt land in their order; a repeated image is served from the prefix cache, while a different image of the
-same size is not mistaken for it. Bad images get a 400 whose message names the image and its problem, and the
-server keeps serving: corrupt base64, a payload that is no image, a format vLLM refuses to decode, an image past
-the pixel limit (``VLLM_MAX_IMAGE_PIXELS``), more images than ``--limit-mm-per-prompt`` allows (the session
-server allows 2). An http image URL is fetched and answered like the same image sent inline; one the server cannot
-reach, one its host answers with 404, and a local file URL (no ``--allowed-local-media-path``) get a 4xx. A checkpoint converted without its vision tensors serves text and refuses images with a 400
-that names the missing tower.
+one prompt land in their order; an image part's ``detail`` sizes the image as the recipe plans it; a repeated
+image is served from the prefix cache, while a different image of the same size is not mistaken for it. Bad
+images get a 400 whose message names the image and its problem, and the server keeps serving: corrupt base64, a
+payload that is no image, a format vLLM refuses to decode, an image past the pixel limit
+(``VLLM_MAX_IMAGE_PIXELS``), more images than ``--limit-mm-per-prompt`` allows (the session server allows 2). An
+http image URL is fetched and answered like the same image sent inline; one the server cannot reach, one its
+host answers with 404, and a local file URL (no ``--allowed-local-media-path``) get a 4xx. A checkpoint converted
+without its vision tensors serves text and refuses images with a 400 that names the missing tower.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from PIL import Image
 
 from deepinfer_plugins.cli import launch_server, stop_process_group
 from deepinfer_plugins.models.deepseek_v41.checkpoint import write_random_checkpoint
-from deepinfer_plugins.models.deepseek_v41.image_processing import preprocess_image
+from deepinfer_plugins.models.deepseek_v41.image_processing import plan_image_grid, preprocess_image
 
 from ..images import png
 from .conftest import IMAGES_PER_PROMPT, LOG, MODEL, free_port
@@ -76,12 +77,13 @@ def image_chat(client, urls: str | list[str], after: str = ""):
 
 
 @torch.inference_mode()
-def core_greedy(model, prompt_ids: list[int], images: bytes | list[bytes], max_tokens: int) -> list[int]:
+def core_greedy(model, prompt_ids: list[int], images: bytes | list[bytes], max_tokens: int,
+                detail: str = "high") -> list[int]:
     """The core model on the same prompt, each image's span embeddings at its positions in order; greedy, stop
     id 1."""
     spans = []
     for image in [images] if isinstance(images, bytes) else images:
-        pre = preprocess_image(image, model.args.vision)
+        pre = preprocess_image(image, model.args.vision, detail=detail)
         spans.append(model.embed_image(pre.patches, pre.grid.patch_rows, pre.grid.patch_cols))
     cache = model.new_cache()
     logits = model(torch.tensor(prompt_ids), cache, bounded_replay=True, image_embeds=torch.cat(spans))
@@ -121,6 +123,25 @@ def test_two_images_land_in_their_order(openai_client, core_model):
     assert spans[0] != spans[1]
     assert prompt_ids.count(core_model.args.image_token_id) == sum(spans)
     assert output_ids == core_greedy(core_model, prompt_ids, images, MAX_TOKENS)
+
+
+def test_a_low_detail_image_gets_the_span_and_the_pixels_of_its_detail(openai_client, core_model):
+    """``detail: low`` shrinks a large image before its grid is planned (what the recipe counts); vLLM's processor
+    plans every image at the default detail, so the renderer hands it the image fitted to the low-detail grid. At
+    the session's vision budget a 513 x 1197 image takes 8 positions at low detail and 14 at high; both answers are
+    the core model's on the pixels of their detail, in either order (no cache entry of one serves the other)."""
+    image = png(12, size=(513, 1197))
+    spans = {detail: plan_image_grid(513, 1197, core_model.args.vision, detail).span_length
+             for detail in ("low", "high")}
+    assert spans == {"low": 8, "high": 14}
+    for detail in ("low", "high", "low"):
+        content = [{"type": "text", "text": QUESTION},
+                   {"type": "image_url", "image_url": {"url": data_uri(image), "detail": detail}}]
+        raw = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                    temperature=0, max_tokens=MAX_TOKENS, extra_body=OFF).model_dump()
+        prompt_ids = raw["prompt_token_ids"]
+        assert prompt_ids.count(core_model.args.image_token_id) == spans[detail], detail
+        assert raw["choices"][0]["token_ids"] == core_greedy(core_model, prompt_ids, image, MAX_TOKENS, detail)
 
 
 def test_responses_input_image_answers_like_the_core_model(openai_client, core_model):

@@ -3,7 +3,9 @@ in the language model (bias_vl routing, dead Engram tokens with gate 0), cache-e
 sequence, and the resize policy's budget. Agreement with the independent port is tests/oracle/test_nemo_vision.py.
 """
 
+import dataclasses
 import math
+import random
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from PIL import Image
 
 from deepinfer_plugins.models.deepseek_v41 import (ImageInputError, ModelArgs, VisionInputError, plan_image_grid,
                                                    preprocess_image)
+from deepinfer_plugins.models.deepseek_v41.image_processing import resize_for_detail
 
 from ..conftest import prompt
 from .test_decode import assert_same_logits
@@ -164,3 +167,40 @@ def test_preprocessing_letterboxes_and_normalises():
         torch.testing.assert_close(pixels[:, 0, 0], torch.full((3,), 127 / 127.5 - 1))
     with pytest.raises(VisionInputError, match="cannot decode"):
         preprocess_image(b"not an image", TINY_VISION)
+
+
+def test_a_grid_sized_image_plans_to_its_own_grid():
+    """What ``resize_for_detail`` rests on: an image already at the size a detail planned for it plans to the
+    same grid at the default detail (checked over sizes, squeezing budgets and small budgets)."""
+    budgets = [FULL_VISION, TINY_VISION, dataclasses.replace(FULL_VISION, max_wh_ratio=4.0),
+               dataclasses.replace(TINY_VISION, max_wh_ratio=2.0),
+               dataclasses.replace(TINY_VISION, max_image_tokens=200, min_pixels=10000, max_wh_ratio=3.0)]
+    r = random.Random(0)
+    checked = 0
+    for vision in budgets:
+        for _ in range(3000):
+            width, height = r.randint(1, 8192), r.randint(1, 8192)
+            if r.random() < 0.3:
+                width = height * r.randint(2, 12)
+            try:
+                grid = plan_image_grid(width, height, vision, "low")
+            except VisionInputError:
+                continue
+            if grid != plan_image_grid(width, height, vision):
+                checked += 1
+                assert plan_image_grid(grid.width, grid.height, vision) == grid, (vision, width, height)
+    assert checked > 5000
+
+
+@pytest.mark.parametrize("size, squeeze", [((513, 1197), None), ((537, 248), None), ((558, 105), None),
+                                           ((600, 1400), 2.0), ((1147, 570), 2.0)])
+def test_an_image_resized_for_its_detail_preprocesses_as_that_detail(size, squeeze):
+    """Each a size whose low-detail grid differs from the default's (the wide ones squeezed by max_wh_ratio)."""
+    vision = dataclasses.replace(TINY_VISION, max_wh_ratio=squeeze)
+    image = Image.fromarray(torch.randint(0, 256, (size[1], size[0], 3), dtype=torch.uint8,
+                                          generator=torch.Generator().manual_seed(size[0])).numpy())
+    want = preprocess_image(image, vision, pixel_dtype=torch.float32, detail="low")
+    assert want.grid != preprocess_image(image, vision, pixel_dtype=torch.float32).grid
+    got = preprocess_image(resize_for_detail(image, vision, "low"), vision, pixel_dtype=torch.float32)
+    assert got.grid == want.grid and torch.equal(got.patches, want.patches)
+    assert resize_for_detail(image, vision, "high") is None and resize_for_detail(image, vision, "auto") is None

@@ -61,19 +61,37 @@ def load_rgb(image):
         raise VisionInputError(f"cannot decode the image: {exc}") from None
 
 
-def preprocess_image(image, vision: VisionArgs, pixel_dtype: torch.dtype = torch.bfloat16) -> PreprocessedImage:
-    """Decode, resize to ``plan_image_grid``'s size and cut into patches. An image squeezed by ``max_wh_ratio`` is
-    stretched to the grid; any other is fitted inside it with its aspect kept, centred on ``PAD_GREY``. Values
-    are (x / 255 - 0.5) / 0.5, rounded to ``pixel_dtype`` (bf16, the released input precision; float32 keeps
-    them unrounded)."""
-    rgb = load_rgb(image)
-    grid = plan_image_grid(rgb.width, rgb.height, vision)
+def fit_to_grid(rgb, grid: ImageGrid, vision: VisionArgs):
+    """An RGB image resized to its grid's pixels: stretched where ``max_wh_ratio`` squeezed it, else fitted inside
+    with its aspect kept, centred on ``PAD_GREY``."""
     size = (grid.width, grid.height)
     squeezed = vision.max_wh_ratio is not None and rgb.width >= vision.max_wh_ratio * rgb.height
-    resized = rgb.resize(size) if squeezed else ImageOps.pad(rgb, size, color=PAD_GREY)
+    return rgb.resize(size) if squeezed else ImageOps.pad(rgb, size, color=PAD_GREY)
+
+
+def preprocess_image(image, vision: VisionArgs, pixel_dtype: torch.dtype = torch.bfloat16,
+                     detail: str = "high") -> PreprocessedImage:
+    """Decode, resize to ``plan_image_grid``'s size for ``detail`` (``fit_to_grid``) and cut into patches.
+    Values are (x / 255 - 0.5) / 0.5, rounded to ``pixel_dtype`` (bf16, the released input precision; float32
+    keeps them unrounded)."""
+    rgb = load_rgb(image)
+    grid = plan_image_grid(rgb.width, rgb.height, vision, detail)
+    resized = fit_to_grid(rgb, grid, vision)
     pixels = torch.from_numpy(np.asarray(resized, dtype=np.float32).copy()).permute(2, 0, 1) / 255
     pixels = ((pixels - 0.5) / 0.5).to(pixel_dtype)  # [3, H, W]
     p = vision.patch_size
     patches = (pixels.unflatten(1, (grid.patch_rows, p)).unflatten(3, (grid.patch_cols, p))
                .permute(1, 3, 0, 2, 4).flatten(0, 1))  # [rows * cols, 3, p, p]
     return PreprocessedImage(patches.contiguous(), grid)
+
+
+def resize_for_detail(image, vision: VisionArgs, detail: str):
+    """For an engine whose processor plans every image at the default detail: the image fitted to the grid
+    ``detail`` plans for it (a large image at ``low``, shrunk), or None where ``detail`` plans the default's
+    grid. A grid-sized image plans to its own grid and fitting it again changes no pixel, so the processor's
+    ``preprocess_image`` then gives exactly what ``preprocess_image(image, detail=detail)`` gives."""
+    decoded = image if isinstance(image, Image.Image) else load_rgb(image)
+    grid = plan_image_grid(decoded.width, decoded.height, vision, detail)
+    if grid == plan_image_grid(decoded.width, decoded.height, vision):
+        return None
+    return fit_to_grid(load_rgb(decoded), grid, vision)
