@@ -16,9 +16,6 @@ def _builder(conv, rid: str, created: Optional[int]):
         return ChatBuilder(rid, conv.model, thinking, created, conv.parsing.thinking_initial_stage)
     if conv.api == "messages":
         return MessagesBuilder(rid, conv.model, thinking)
-    tools = []
-    for t in (conv.echo.get("tools") or []):
-        tools.append(t.model_dump(by_alias=True, exclude_unset=False) if hasattr(t, "model_dump") else t)
     return ResponsesBuilder(rid, conv.model, thinking, conv.echo, _responses_tools(conv),
                             conv.namespace_tool_map, created)
 

@@ -217,8 +217,78 @@ class MessagesBuilder:
                 "usage": self._usage(prompt, completion, cached)}
 
 
+CUSTOM_INPUT_PREFIX = '{"input": "'
+
+
+class CustomToolInput:
+    """A custom tool call's ``input``, made from the JSON arguments the parser streams for it, as the official
+    package makes it: arguments that open with a string ``input`` member give that string, streamed decoded as
+    it arrives (what follows its closing quote is dropped); any other arguments give their JSON text, streamed
+    from the delta where they part from that opening; arguments cut short before either is known give the text
+    they have when the call ends."""
+
+    def __init__(self):
+        self.raw = ""  # the argument deltas so far
+        self.mode = "open"  # open (undecided), string (inside the input string), json (passing the JSON on), done
+        self.escaped = ""  # string content held back: an escape sequence split between deltas
+        self.text = ""  # the input so far
+
+    def feed(self, delta: str) -> str:
+        """One argument delta -> the input delta it makes ("" for none)."""
+        self.raw += delta
+        if self.mode == "open":
+            if self.raw.startswith(CUSTOM_INPUT_PREFIX):
+                self.mode = "string"
+                return self._string(self.raw[len(CUSTOM_INPUT_PREFIX):])
+            if CUSTOM_INPUT_PREFIX.startswith(self.raw):
+                return ""
+            self.mode, delta = "json", self.raw
+        elif self.mode == "string":
+            return self._string(delta)
+        elif self.mode != "json":
+            return ""
+        self.text += delta
+        return delta
+
+    def finish(self) -> str:
+        """The call ended: an undecided opening is the input as it is -> the delta that makes it."""
+        if self.mode != "open":
+            return ""
+        self.mode, self.text = "json", self.raw
+        return self.raw
+
+    def _string(self, piece: str) -> str:
+        content, at = self.escaped + piece, 0
+        decoded = []
+        while at < len(content):
+            char = content[at]
+            if char == '"':
+                self.mode = "done"
+                break
+            if char != "\\":
+                decoded.append(char)
+                at += 1
+                continue
+            width = 6 if content[at + 1: at + 2] == "u" else 2
+            if content[at + 1: at + 2] == "u" and 0xD800 <= int(content[at + 2: at + 6] or "0", 16) < 0xDC00:
+                width = 12  # a surrogate pair's first half waits for its second
+            if at + width > len(content):
+                break
+            decoded.append(json.loads(f'"{content[at: at + width]}"'))
+            at += width
+        self.escaped = content[at:] if self.mode == "string" else ""
+        text = "".join(decoded)
+        self.text += text
+        return text
+
+
 class ResponsesBuilder:
-    """OpenAI Responses SSE events and the final `response` object."""
+    """OpenAI Responses SSE events and the final `response` object. A call of a custom tool is a
+    `custom_tool_call` item (its `input` from the call's arguments: `CustomToolInput`), a call of
+    `tool_search` where the request's tool search runs on the client a `tool_search_call` item (its
+    arguments as an object; `{}` in a response cut short, or for arguments that are no object), as
+    the official package
+    makes them; every other call a `function_call`."""
 
     def __init__(self, rid: str, model: str, thinking: bool, echo: Optional[dict] = None,
                  tools_echo: Optional[list] = None, namespace_tool_map: Optional[dict] = None,
@@ -227,10 +297,16 @@ class ResponsesBuilder:
         self.echo = echo or {}
         self.tools_echo = tools_echo or []
         self.ns = namespace_tool_map or {}
+        tools = self.echo.get("tools") or []
+        self.custom_tools = {_get(t, "name") for t in tools if _get(t, "type") == "custom"}
+        self.client_tool_search = any(_get(t, "type") == "tool_search" and _get(t, "execution") == "client"
+                                      for t in tools)
         self.created = int(time.time()) if created is None else created
         self.seq = 0
         self.items: list = []
         self.cur: Optional[dict] = None
+        self.call: Optional[CustomToolInput] = None  # the open custom call's input
+        self.search_arguments = ""  # the open tool search call's arguments, as streamed
 
     def _ev(self, name: str, data: dict) -> tuple:
         data["sequence_number"] = self.seq
@@ -283,6 +359,18 @@ class ResponsesBuilder:
             ev.append(self._ev("response.content_part.done", {"type": "response.content_part.done",
                       "content_index": 0, "item_id": it["id"], "output_index": i,
                       "part": {"type": "output_text", "annotations": [], "logprobs": [], "text": text}}))
+        elif kind == "custom_tool_call":
+            self._custom_input(self.call.finish(), ev)
+            ev.append(self._ev("response.custom_tool_call_input.done", {
+                "type": "response.custom_tool_call_input.done", "input": it["input"], "item_id": it["id"],
+                "output_index": i}))
+            self.call = None
+        elif kind == "tool_search_call":
+            try:
+                arguments = json.loads(self.search_arguments) if status == "completed" else {}
+            except ValueError:
+                arguments = {}
+            it["arguments"] = arguments if isinstance(arguments, dict) else {}
         else:
             ev.append(self._ev("response.function_call_arguments.done", {
                 "type": "response.function_call_arguments.done", "arguments": it["arguments"],
@@ -335,18 +423,40 @@ class ResponsesBuilder:
                 self._close(ev, "commentary")
                 n = len(self.items)
                 name = d.name
-                item = {"type": "function_call", "id": f"fc_{self.rid}_{n}", "status": "in_progress",
-                        "call_id": d.id, "name": name, "arguments": ""}
-                if name in self.ns:
-                    item["namespace"], item["name"] = self.ns[name]
+                if name in self.custom_tools:
+                    item = {"type": "custom_tool_call", "id": f"ctc_{self.rid}_{n}", "status": "in_progress",
+                            "call_id": d.id, "name": name, "input": ""}
+                    self.call = CustomToolInput()
+                elif name == "tool_search" and self.client_tool_search:
+                    item = {"type": "tool_search_call", "id": f"tsc_{self.rid}_{n}", "status": "in_progress",
+                            "call_id": d.id, "execution": "client", "arguments": {}}
+                    self.search_arguments = ""
+                else:
+                    item = {"type": "function_call", "id": f"fc_{self.rid}_{n}", "status": "in_progress",
+                            "call_id": d.id, "name": name, "arguments": ""}
+                    if name in self.ns:
+                        item["namespace"], item["name"] = self.ns[name]
                 self._open(item, ev, None)
             elif c is ToolCallArgsDelta:
-                self.cur["arguments"] += d.text
-                ev.append(self._ev("response.function_call_arguments.delta", {
-                    "type": "response.function_call_arguments.delta", "delta": d.text,
-                    "item_id": self.cur["id"], "output_index": len(self.items) - 1}))
+                kind = self.cur["type"]
+                if kind == "custom_tool_call":
+                    self._custom_input(self.call.feed(d.text), ev)
+                elif kind == "tool_search_call":
+                    self.search_arguments += d.text
+                else:
+                    self.cur["arguments"] += d.text
+                    ev.append(self._ev("response.function_call_arguments.delta", {
+                        "type": "response.function_call_arguments.delta", "delta": d.text,
+                        "item_id": self.cur["id"], "output_index": len(self.items) - 1}))
             # ToolCallEnd: the item stays open until the next item or the end of the response
         return ev
+
+    def _custom_input(self, delta: str, ev: list) -> None:
+        if delta:
+            self.cur["input"] = self.call.text
+            ev.append(self._ev("response.custom_tool_call_input.delta", {
+                "type": "response.custom_tool_call_input.delta", "delta": delta, "item_id": self.cur["id"],
+                "output_index": len(self.items) - 1}))
 
     def fast(self, reasoning: bool, text: str, ev: list) -> bool:
         cur = self.cur

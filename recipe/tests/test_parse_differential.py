@@ -203,3 +203,65 @@ def test_responses_tool_echo_matches_official(seed):
            "input": [{"role": "user", "content": "hi"}]}
     if not _rejected(req, "responses"):
         _check(req, "responses", ["hel", "lo"], "stop")
+
+
+def _dsml_call(name: str, params: list) -> str:
+    body = "".join(f'<｜DSML｜parameter name="{key}" string="{kind}">{value}</｜DSML｜parameter>\n'
+                   for key, value, kind in params)
+    return f'<｜DSML｜invoke name="{name}">\n{body}</｜DSML｜invoke>\n'
+
+
+PATCH_PARAMS = [[("input", "*** Begin Patch\n+x", "true")], [("input", 'a"b\\c\nd 数据 🔎', "true")],
+                [("input", "", "true")], [("input", "abc", "true"), ("y", "1", "false")],
+                [("y", "1", "false"), ("input", "abc", "true")], [("input", "[1, 2]", "false")],
+                [("input", '"quoted"', "false")], [("x", "abc", "true")], []]
+SEARCH_PARAMS = [[("query", "weather", "true")], [("query", "w", "true"), ("n", "3", "false")], []]
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_custom_tool_and_tool_search_calls_parse_as_official(seed):
+    """A call of the custom ``apply_patch`` tool is a ``custom_tool_call`` item (its input from the arguments,
+    streamed as ``response.custom_tool_call_input.*`` events), a call of ``tool_search`` where the tool search runs
+    on the client a ``tool_search_call`` item, other calls function calls; text before, several calls in one
+    block, random chunkings, and calls cut short by the length limit."""
+    r = random.Random(95_000 + seed)
+    search = r.choice([None, {"type": "tool_search"}, {"type": "tool_search", "execution": "client"},
+                       {"type": "tool_search", "execution": "server"}])
+    tools = [{"type": "custom", "name": "apply_patch", "description": "patch"},
+             {"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    if search is not None:
+        tools += [search, {"type": "function", "name": "lookup", "parameters": {"type": "object"},
+                           "defer_loading": True}]
+    req = {"model": "DeepSeek-V4.1-Flash", "input": [{"role": "user", "content": "hi"}], "tools": tools,
+           "reasoning": {"effort": r.choice(["none", "high"])}}
+    calls = []
+    for _ in range(r.randint(1, 3)):
+        kind = r.choice(["patch", "patch", "search", "function"])
+        if kind == "patch":
+            calls.append(_dsml_call("apply_patch", r.choice(PATCH_PARAMS)))
+        elif kind == "search":
+            calls.append(_dsml_call("tool_search", r.choice(SEARCH_PARAMS)))
+        else:
+            calls.append(_dsml_call("f", [("a", str(r.randint(0, 9)), "false")]))
+    raw = r.choice(["", "Let me patch it."]) + "<｜DSML｜tool_calls>\n" + "".join(calls) + "</｜DSML｜tool_calls>"
+    finish = "stop"
+    if r.random() < 0.3:
+        raw, finish = raw[: r.randint(20, len(raw) - 1)], "length"
+    pieces, at = [], 0
+    while at < len(raw):
+        step = r.choice([1, 2, 5, 9, 40, 200])
+        pieces.append(raw[at: at + step])
+        at += step
+    _check(req, "responses", pieces, finish)
+
+
+def test_a_clients_tool_search_and_apply_patch_calls_are_their_own_items():
+    tools = [{"type": "custom", "name": "apply_patch"}, {"type": "tool_search", "execution": "client"},
+             {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "defer_loading": True}]
+    req = {"model": "DeepSeek-V4.1-Flash", "reasoning": {"effort": "none"}, "tools": tools,
+           "input": [{"role": "user", "content": "hi"}]}
+    raw = ("<｜DSML｜tool_calls>\n" + _dsml_call("apply_patch", [("input", "*** Begin Patch", "true")])
+           + _dsml_call("tool_search", [("query", "weather", "true")]) + "</｜DSML｜tool_calls>")
+    output = dr.parse(raw, req, "responses")["output"]
+    assert [item["type"] for item in output] == ["custom_tool_call", "tool_search_call"]
+    assert output[0]["input"] == "*** Begin Patch" and output[1]["arguments"] == {"query": "weather"}
