@@ -4,9 +4,10 @@ The prompt holds one ``<｜image｜>`` placeholder per image; the model sees eac
 ``rows * (cols + 1) + 2`` positions (start, each row of embeddings and a newline, end), where the
 grid follows from the image's size alone (``plan_image_grid``, docs/format.md#images). So a
 caller sizes a prompt (``image_token_adjustment``) without the pixels, and the engines resize to
-the same grid. ``resolve_images`` turns a request's image sources into sizes and bytes under the
-official package's limits and errors: at most 600 images per request (counted across calls that
-share an ``ImageQuota``), PNG, JPEG, GIF or WebP content, at most 8192 pixels a side.
+the same grid (``fit_to_grid``). ``resolve_images`` turns a request's image sources into images
+fitted to their grids, WebP-encoded as the official resolver gives them, under the official
+package's limits and errors: at most 600 images per request (counted across calls that share an
+``ImageQuota``), PNG, JPEG, GIF or WebP content, at most 8192 pixels a side.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ MAX_IMAGE_SIDE = 8192
 LOW_DETAIL_MAX_SIDE = 512
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
 SIGNATURES = ((b"\x89PNG", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF8", "GIF"))
+PAD_GREY = (127, 127, 127)  # fill of the letterbox around an aspect-preserving fit
+WEBP_QUALITY = 90  # lossy, as the official resolver's WebP is; its quality is not published
 UNSUPPORTED = ("You have uploaded an unsupported image. Please make sure your image is valid and has "
                "one of the following formats: webp, png, jpeg, and gif.")
 
@@ -147,16 +150,30 @@ class ImageQuota:
         self.byte_size = 0
 
 
+def fit_to_grid(image, grid: ImageGrid, budget=ImageBudget()):
+    """An RGB PIL image resized to its grid's pixels: stretched where ``max_wh_ratio`` squeezed it,
+    else fitted inside with its aspect kept (bicubic) and centred on ``PAD_GREY``. An image already
+    at its grid's size comes back unchanged, and plans to the same grid again."""
+    from PIL import ImageOps
+
+    size = (grid.width, grid.height)
+    squeezed = budget.max_wh_ratio is not None and image.width >= budget.max_wh_ratio * image.height
+    return image.resize(size) if squeezed else ImageOps.pad(image, size, color=PAD_GREY)
+
+
 @dataclass(frozen=True)
 class ResolvedImage:
-    """An image ready for an engine: its encoded bytes as given, its format, its size, and the
-    grid it is resized to (which ``detail`` chose)."""
+    """An image ready for an engine, as the official resolver gives it: ``data`` is the image fitted
+    to its grid (which ``detail`` chose; ``fit_to_grid``) and WebP-encoded, so an engine planning
+    it at the default detail finds that grid again. ``format``, ``width``, ``height`` and
+    ``source_bytes`` describe the image as given (the quota counts its bytes)."""
 
     data: bytes
     format: str
     width: int
     height: int
     grid: ImageGrid
+    source_bytes: int
 
 
 def fetch_url(url: str, timeout: float = 30.0, max_bytes: int = 64 << 20) -> bytes:
@@ -182,7 +199,7 @@ def resolve_images(sources: Sequence[ImageSource], quota: ImageQuota | None = No
                          f"{MAX_IMAGES_PER_REQUEST} images per request, got {total}", first_over.path)
     images = [_resolve(source, fetch, budget) for source in sources]
     quota.image_count += len(images)
-    quota.byte_size += sum(len(image.data) for image in images)
+    quota.byte_size += sum(image.source_bytes for image in images)
     return images
 
 
@@ -214,14 +231,16 @@ def _resolve(source: ImageSource, fetch: Callable[[str], bytes], budget) -> Reso
             image_format, (width, height) = image.format, image.size
             if max(width, height) > MAX_IMAGE_SIDE:
                 raise _unsupported("ImageDimensionsTooLarge", source)
-            image.load()
+            rgb = image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         raise _unsupported("Decode", source) from None
     try:
         grid = plan_image_grid(width, height, budget, source.detail)
     except ImageSizeError:
         raise _unsupported("ImageDimensionsTooLarge", source) from None
-    return ResolvedImage(data, image_format, width, height, grid)
+    encoded = io.BytesIO()
+    fit_to_grid(rgb, grid, budget).save(encoded, format="WEBP", quality=WEBP_QUALITY)
+    return ResolvedImage(encoded.getvalue(), image_format, width, height, grid, len(data))
 
 
 def _sniff(data: bytes) -> str | None:

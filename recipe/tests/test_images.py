@@ -1,7 +1,7 @@
 """Image resolving against the official deepseek-recipe 0.2.0's ImageResolver (skipped when not installed).
 
-Guarantees: for every detail level, the size an image is resized to and the token adjustment it adds to a prompt
-are the official resolver's, on images of every aspect up to 50:1 and every side up to the 8192-pixel limit, in
+Guarantees: for every detail level, the size an image is resized to, the image handed on (WebP, at that size) and
+the token adjustment it adds to a prompt are the official resolver's, on images of every aspect up to 50:1 and every side up to the 8192-pixel limit, in
 each accepted format; the request limits (600 images per request, counted across calls that share a quota; 8192
 pixels a side; PNG, JPEG, GIF or WebP content) and the failures of a source (bad data URL, undecodable bytes,
 unreachable or non-http URL) raise ``ImageError`` with the official kind and message; the quota records the same
@@ -44,16 +44,24 @@ def official_source(kind: str, value, detail: str, path: str):
     return make(value, detail, path=path)
 
 
+def delivered(data: bytes) -> tuple[str, tuple[int, int]]:
+    """The format and size of the image bytes a resolver hands an engine."""
+    with Image.open(io.BytesIO(data)) as image:
+        return image.format, image.size
+
+
 def both(sources: list[tuple[str, object, str, str]], official_quota=None, our_quota=None):
-    """-> (official outcome, ours): ("ok", [(width, height)], adjustment) or ("error", kind, message)."""
+    """-> (official outcome, ours): ("ok", [(width, height, (format, size) of the bytes)], adjustment) or
+    ("error", kind, message)."""
     try:
         data = RESOLVER.resolve([official_source(*s) for s in sources], official_quota or official.ImageQuota())
-        want = ("ok", [(i.width, i.height) for i in data.images], data.image_token_adjustment())
+        want = ("ok", [(i.width, i.height, delivered(i.data)) for i in data.images], data.image_token_adjustment())
     except official.ImageError as exc:
         want = ("error", exc.kind, str(exc))
     try:
         images = resolve_images([ImageSource(*s) for s in sources], our_quota)
-        got = ("ok", [(i.grid.width, i.grid.height) for i in images], image_token_adjustment(images))
+        got = ("ok", [(i.grid.width, i.grid.height, delivered(i.data)) for i in images],
+               image_token_adjustment(images))
     except ImageError as exc:
         got = ("error", exc.kind, exc.message)
     return want, got
@@ -71,7 +79,7 @@ def sizes(count: int, seed: int) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("detail", DETAILS)
 def test_resized_sizes_and_token_adjustment_are_the_official(detail):
-    cases = sizes(60, seed=DETAILS.index(detail))
+    cases = sizes(40, seed=DETAILS.index(detail))
     mismatches = []
     for w, h in cases:
         want, got = both([("data_url", data_url(encoded(w, h)), detail, "messages.0.content[1]")])
@@ -127,3 +135,23 @@ def test_quota_counts_across_calls_and_a_failed_call_records_nothing():
     over = both([("bytes", encoded(10, 10), "high", "y")] * 301, official_quota, our_quota)
     assert over[0] == over[1] and over[0][1] == "TooManyImages"
     assert our_quota.image_count == official_quota.image_count() == 300
+
+
+@pytest.mark.parametrize("detail", ["low", "high"])
+def test_the_image_handed_on_is_the_source_fitted_to_its_grid(detail):
+    """The pixels are the source's fitted to the grid (letterboxed in grey where the aspects differ), within the
+    loss of the WebP encoding, and their size plans to the same grid again."""
+    from deepinfer_recipe import plan_image_grid
+
+    source = Image.new("RGB", (1300, 400), (200, 30, 40))
+    buffer = io.BytesIO()
+    source.save(buffer, "PNG")
+    image, = resolve_images([ImageSource("bytes", buffer.getvalue(), detail, "p")])
+    with Image.open(io.BytesIO(image.data)) as handed:
+        pixels = handed.convert("RGB")
+    assert pixels.size == (image.grid.width, image.grid.height)
+    assert plan_image_grid(*pixels.size) == image.grid
+    centre = pixels.getpixel((pixels.width // 2, pixels.height // 2))
+    assert max(abs(a - b) for a, b in zip(centre, (200, 30, 40))) <= 8
+    if pixels.height / pixels.width > 400 / 1300 + 0.05:  # letterboxed above and below
+        assert max(abs(a - 127) for a in pixels.getpixel((pixels.width // 2, 0))) <= 8

@@ -16,15 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from deepinfer_recipe import images
-from deepinfer_recipe.images import ImageGrid
-from PIL import Image, ImageOps, UnidentifiedImageError
+from deepinfer_recipe.images import ImageGrid, fit_to_grid
+from PIL import Image, UnidentifiedImageError
 
 from .args import VisionArgs
 from .vision import VisionInputError
-
-PAD_GREY = (127, 127, 127)
-"""Fill of the letterbox around an aspect-preserving fit (docs/model.md#image-preprocessing)."""
-
 
 def plan_image_grid(width: int, height: int, vision: VisionArgs, detail: str = "high") -> ImageGrid:
     """The grid an image of ``width`` x ``height`` pixels is resized to: the recipe's ``plan_image_grid``, the
@@ -61,17 +57,10 @@ def load_rgb(image):
         raise VisionInputError(f"cannot decode the image: {exc}") from None
 
 
-def fit_to_grid(rgb, grid: ImageGrid, vision: VisionArgs):
-    """An RGB image resized to its grid's pixels: stretched where ``max_wh_ratio`` squeezed it, else fitted inside
-    with its aspect kept, centred on ``PAD_GREY``."""
-    size = (grid.width, grid.height)
-    squeezed = vision.max_wh_ratio is not None and rgb.width >= vision.max_wh_ratio * rgb.height
-    return rgb.resize(size) if squeezed else ImageOps.pad(rgb, size, color=PAD_GREY)
-
-
 def preprocess_image(image, vision: VisionArgs, pixel_dtype: torch.dtype = torch.bfloat16,
                      detail: str = "high") -> PreprocessedImage:
-    """Decode, resize to ``plan_image_grid``'s size for ``detail`` (``fit_to_grid``) and cut into patches.
+    """Decode, resize to ``plan_image_grid``'s size for ``detail`` (the recipe's ``fit_to_grid``) and cut into
+    patches.
     Values are (x / 255 - 0.5) / 0.5, rounded to ``pixel_dtype`` (bf16, the released input precision; float32
     keeps them unrounded)."""
     rgb = load_rgb(image)
