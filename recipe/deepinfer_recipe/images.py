@@ -231,7 +231,8 @@ def _resolve(source: ImageSource, fetch: Callable[[str], bytes], budget) -> Reso
             image_format, (width, height) = image.format, image.size
             if max(width, height) > MAX_IMAGE_SIDE:
                 raise _unsupported("ImageDimensionsTooLarge", source)
-            rgb = image.convert("RGB")
+            image.load()
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         raise _unsupported("Decode", source) from None
     try:
