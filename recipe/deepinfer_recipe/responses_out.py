@@ -283,12 +283,11 @@ class CustomToolInput:
 
 
 class ResponsesBuilder:
-    """OpenAI Responses SSE events and the final `response` object. A call of a custom tool is a
-    `custom_tool_call` item (its `input` from the call's arguments: `CustomToolInput`), a call of
-    `tool_search` where the request's tool search runs on the client a `tool_search_call` item (its
-    arguments as an object; `{}` in a response cut short, or for arguments that are no object), as
-    the official package
-    makes them; every other call a `function_call`."""
+    """OpenAI Responses SSE events and the final `response` object. As the official package makes
+    them, a call of a custom tool is a `custom_tool_call` item (its `input` from the call's
+    arguments: `CustomToolInput`), a call of `tool_search` where the request's tool search runs on
+    the client a `tool_search_call` item (its arguments as an object; `{}` in a response cut short,
+    or for arguments that are no object), and every other call a `function_call`."""
 
     def __init__(self, rid: str, model: str, thinking: bool, echo: Optional[dict] = None,
                  tools_echo: Optional[list] = None, namespace_tool_map: Optional[dict] = None,

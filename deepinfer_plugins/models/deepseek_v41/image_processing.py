@@ -22,6 +22,7 @@ from PIL import Image, UnidentifiedImageError
 from .args import VisionArgs
 from .vision import VisionInputError
 
+
 def plan_image_grid(width: int, height: int, vision: VisionArgs, detail: str = "high") -> ImageGrid:
     """The grid an image of ``width`` x ``height`` pixels is resized to: the recipe's ``plan_image_grid``, the
     one copy of the arithmetic (the recipe sizes prompts with it). Raises VisionInputError for an empty image or
@@ -60,9 +61,8 @@ def load_rgb(image):
 def preprocess_image(image, vision: VisionArgs, pixel_dtype: torch.dtype = torch.bfloat16,
                      detail: str = "high") -> PreprocessedImage:
     """Decode, resize to ``plan_image_grid``'s size for ``detail`` (the recipe's ``fit_to_grid``) and cut into
-    patches.
-    Values are (x / 255 - 0.5) / 0.5, rounded to ``pixel_dtype`` (bf16, the released input precision; float32
-    keeps them unrounded)."""
+    patches. Values are (x / 255 - 0.5) / 0.5, rounded to ``pixel_dtype`` (bf16, the released input precision;
+    float32 keeps them unrounded)."""
     rgb = load_rgb(image)
     grid = plan_image_grid(rgb.width, rgb.height, vision, detail)
     resized = fit_to_grid(rgb, grid, vision)
