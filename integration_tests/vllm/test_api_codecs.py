@@ -22,8 +22,7 @@ import httpx
 import pytest
 
 import deepinfer_recipe
-from deepinfer_plugins.vllm.patches.patch_api_codecs import chat_request, messages_request, responses_request
-from deepinfer_plugins.vllm.tokenizer import MODEL_NAME
+from deepinfer_plugins.vllm.patches.patch_api_codecs import codec_request
 from deepinfer_plugins.vllm.vision import PLACEHOLDER
 
 from ..images import png
@@ -47,12 +46,6 @@ def sent_body(api: str, body: dict) -> dict:
     else:
         body["max_tokens"] = 1
     return body
-
-
-def codec_request(api: str, body: dict) -> dict:
-    if api == "responses":
-        return responses_request(body, [], body.get("chat_template_kwargs") or {}, MODEL_NAME)
-    return chat_request(body, MODEL_NAME) if api == "chat" else messages_request(body, MODEL_NAME)
 
 
 def recipe(api: str, body: dict, checkpoint: Path):

@@ -58,6 +58,15 @@ def chat_request(body: dict, model_name: str) -> dict:
     return request
 
 
+def codec_request(api: str, body: dict) -> dict:
+    """The request the codec of ``api`` renders for a sent body that continues no stored response."""
+    from ..tokenizer import MODEL_NAME
+
+    if api == "responses":
+        return responses_request(body, [], body.get("chat_template_kwargs") or {}, MODEL_NAME)
+    return chat_request(body, MODEL_NAME) if api == "chat" else messages_request(body, MODEL_NAME)
+
+
 def input_items(request: dict) -> list:
     """The request's input as items: what a follow-up through ``previous_response_id`` continues."""
     sent = request.get("input", [])

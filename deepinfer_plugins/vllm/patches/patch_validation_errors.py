@@ -21,17 +21,12 @@ def codec_refusal(api: str, body) -> str | None:
     on in another way (vLLM's refusal stands, and the failure is logged)."""
     import deepinfer_recipe
 
-    from ..tokenizer import MODEL_NAME
-    from .patch_api_codecs import chat_request, messages_request, responses_request
+    from .patch_api_codecs import codec_request
 
     if not isinstance(body, dict) or (api == "responses" and body.get("previous_response_id")):
         return None
     try:
-        if api == "responses":
-            request = responses_request(body, [], body.get("chat_template_kwargs") or {}, MODEL_NAME)
-        else:
-            request = chat_request(body, MODEL_NAME) if api == "chat" else messages_request(body, MODEL_NAME)
-        deepinfer_recipe.render(request, api)
+        deepinfer_recipe.render(codec_request(api, body), api)
     except deepinfer_recipe.RecipeError as exc:
         return exc.message
     except Exception:  # noqa: BLE001 - an error path: vLLM's refusal is still the answer
