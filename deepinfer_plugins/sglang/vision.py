@@ -74,8 +74,11 @@ def expand_image_spans(token_ids: list[int], span_lengths: list[int], image_toke
 
 def decode_and_preprocess(image, index: int, vision) -> PreprocessedImage:
     """One request image (URL, path, data URI, base64 text, bytes, PIL image or SGLang's ``ImageData``) -> its
-    patches and grid. Any failure is an ``ImageDataError`` naming the image (1-based) and the problem."""
+    patches and grid, at the detail its ``ImageData`` carries (SGLang's chat parsing keeps the part's
+    ``detail``; ``low`` shrinks a large image first, every other detail plans the image as it is). Any failure
+    is an ``ImageDataError`` naming the image (1-based) and the problem."""
     name = f"image {index + 1} of the request"
+    detail = (image.detail if isinstance(image, ImageData) else None) or "high"
     try:
         source = image.url if isinstance(image, ImageData) else image
         if isinstance(source, str):
@@ -85,7 +88,7 @@ def decode_and_preprocess(image, index: int, vision) -> PreprocessedImage:
         raise ImageDataError(f"{name} ({describe(image)}) is not an image that can be decoded: "
                              f"{type(exc).__name__}: {exc}") from None
     try:
-        return preprocess_image(rgb, vision)
+        return preprocess_image(rgb, vision, detail=detail)
     except VisionInputError as exc:  # e.g. a sliver that cannot fit the token budget
         raise ImageDataError(f"{name}: {exc}") from None
 

@@ -7,7 +7,8 @@ Guarantees (each test names the SGLang code it goes through):
     ``DEEPINFER_SGLANG_KEEP_UPSTREAM=1`` the checkpoint goes to upstream's processor and ours keeps only our name;
   * the processor's prompt equals the core's accounting: each placeholder becomes ``span_length`` copies of
     ``image_token_id`` (``plan_image_grid`` on the image's size) at the offsets it reports, and its pixels are
-    the core's ``preprocess_image`` patches, for small, upscaled, wide, tall and over-budget images;
+    the core's ``preprocess_image`` patches, for small, upscaled, wide, tall and over-budget images, and at the
+    detail SGLang's ``ImageData`` carries (``low`` shrinks a large image);
   * bad images raise ``ImageDataError`` naming the image (corrupt bytes, bytes that are no image, bad base64,
     an object that is no image); placeholders that do not pair with the images raise ``ImagePlaceholderError``;
     audio is refused with ``ImageInputError``; a data URI and its bytes give the same patches;
@@ -163,6 +164,23 @@ def test_processor_spans_equal_the_core_accounting(processor, checkpoint, size):
     expected = preprocess_image(image, vision)
     assert (item.patch_rows, item.patch_cols) == (expected.grid.patch_rows, expected.grid.patch_cols)
     assert torch.equal(item.feature, expected.patches)
+
+
+@pytest.mark.parametrize("detail", ["low", "high", "auto", None])
+def test_each_image_is_planned_at_the_detail_its_part_asks(processor, detail):
+    """SGLang's chat parsing hands the part's ``detail`` on in ``ImageData``: at ``low`` a large image is shrunk
+    first (at this size and the tiny budget, another grid), every other detail plans it as it is."""
+    from sglang.srt.utils import ImageData
+
+    vision, image_id = processor.args.vision, processor.image_token_id
+    image = png(5, (890, 411))
+    sent = ImageData(url="data:image/png;base64," + base64.b64encode(image).decode(), detail=detail)
+    out = process(processor, [5, image_id, 6], [sent])
+    expected = preprocess_image(image, vision, detail=detail or "high")
+    assert expected.grid == plan_image_grid(890, 411, vision, detail or "high")
+    assert (expected.grid != plan_image_grid(890, 411, vision)) == (detail == "low")
+    assert out.input_ids == [5] + [image_id] * expected.grid.span_length + [6]
+    assert torch.equal(out.mm_items[0].feature, expected.patches)
 
 
 def test_processor_lays_out_two_images_in_order(processor):
