@@ -21,6 +21,7 @@ the hidden states, so the target's forward is compiled with speculation on too.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from .cache import StoredPositions
 
 ATTENTION_OP = "deepinfer::v41_attention"
 ENGRAM_OP = "deepinfer::v41_engram_ids"
+DRAFT_ATTENTION_OP = "deepinfer::v41_draft_attention"
 
 
 @dataclass
@@ -72,6 +74,22 @@ class PagedSteps:
     def current(self) -> PagedForward | None:
         metadata = step_metadata()
         return metadata[self.first_window].forward if metadata else None
+
+
+class Drafting:
+    """Where ``deepinfer::v41_draft_attention`` finds the rows being drafted: set on the draft-context cache's
+    owner (found by its layer name), ``chunks`` one per drafting row for the duration of one drafting call."""
+
+    def __init__(self, drafter):
+        self.drafter, self.chunks = drafter, None
+
+    @contextmanager
+    def rows(self, chunks: list[SequenceChunk]):
+        self.chunks = chunks
+        try:
+            yield
+        finally:
+            self.chunks = None
 
 
 def attach_steps(core, windows) -> PagedSteps:
@@ -118,6 +136,19 @@ def _engram_ids_fake(token_ids, layer_name, tables, columns):
     return token_ids.new_empty(token_ids.shape[0], tables, columns, dtype=torch.int64)
 
 
+@torch.library.custom_op(DRAFT_ATTENTION_OP, mutates_args=())
+def _draft_attention(q: torch.Tensor, latents: torch.Tensor, stage: int, layer_name: str) -> torch.Tensor:
+    drafting = get_forward_context().no_compile_layers[layer_name].drafting
+    if drafting.chunks is None:  # a warm-up call: no rows to draft for
+        return torch.zeros_like(q)
+    return drafting.drafter[stage].attn.attend_context(q, latents, drafting.chunks)
+
+
+@_draft_attention.register_fake
+def _draft_attention_fake(q, latents, stage, layer_name):
+    return torch.empty_like(q)
+
+
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class CompiledBody(nn.Module):
     """The traced part of the forward: token ids -> (final hidden states [rows, d], the residual streams entering
@@ -149,3 +180,32 @@ class CompiledBody(nn.Module):
 
         return self.core.opaque_cache_hidden_states(input_ids, engram_ids, attention, inputs_embeds,
                                                     self.capture_layers)
+
+
+@support_torch_compile(dynamic_arg_dims={"anchors": 0, "positions": 0})
+class CompiledDrafter(nn.Module):
+    """The DSpark drafter's greedy block, traced like the body: anchors [R] and the slots' positions [R * B] ->
+    (drafted tokens [R, B], confidence logits [R, B]). Each stage's reads of the draft context are one opaque op,
+    ``deepinfer::v41_draft_attention``, which finds the rows being drafted on the context cache's owner
+    (its ``Drafting``, set by the proposer around the call); the embedding, the stages' mHC, norms
+    and MoE, the target's head and the Markov stage are the traced graph (the core's ``block_hidden`` and
+    ``greedy_drafts``)."""
+
+    def __init__(self, *, vllm_config, prefix: str = "", core: nn.Module, context_layer: str):
+        super().__init__()
+        self.core, self.context_layer = core, context_layer
+        splitting_ops = vllm_config.compilation_config.splitting_ops
+        if splitting_ops and DRAFT_ATTENTION_OP not in splitting_ops:
+            splitting_ops.append(DRAFT_ATTENTION_OP)
+
+    def forward(self, anchors: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        drafter = self.core.drafter
+
+        def attention(stage: int, x: torch.Tensor) -> torch.Tensor:
+            def attend(q, q_latent, latents):
+                return torch.ops.deepinfer.v41_draft_attention(q, latents, stage, self.context_layer)
+
+            return drafter[stage].attn.forward_all_rows(x, positions, attend)
+
+        h = drafter.block_hidden(self.core.embed, anchors, attention)
+        return drafter.greedy_drafts(h, self.core.head_weight, anchors)

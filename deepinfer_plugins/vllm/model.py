@@ -28,6 +28,7 @@ from typing import Iterable
 
 import torch
 from torch import nn
+from vllm.compilation.backends import set_model_tag
 from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
@@ -40,7 +41,8 @@ from ..models.deepseek_v41.sharding import ShardPlan, TensorParallel, shard_mode
 from ..ops.cache import to_device
 from .cache import (PagedSequenceState, PagedStep, StoredPositions, make_cache_owners,
                     make_dspark_feature_owner, write_dspark_context)
-from .compiled import ATTENTION_OP, ENGRAM_OP, CompiledBody, PagedForward, attach_steps, step_metadata
+from .compiled import (ATTENTION_OP, DRAFT_ATTENTION_OP, ENGRAM_OP, CompiledBody, CompiledDrafter, Drafting,
+                       PagedForward, attach_steps, step_metadata)
 from .spec_decode import dspark_tokens
 from .vision import (DeepInferDummyInputsBuilder, DeepInferMultiModalProcessor, DeepInferProcessingInfo,
                      serving_args)
@@ -112,13 +114,21 @@ class DeepInferDeepseekV41ForCausalLM(nn.Module, SupportsMultiModal):
         self.body = CompiledBody(vllm_config=vllm_config, prefix=f"{prefix}body", core=self.model,
                                  layer_names=[owner.layer_name for owner in self.window_caches],
                                  capture_layers=self.capture_layers)
+        self.compiled_drafter = None
+        if with_drafter:
+            self.context_cache.drafting = Drafting(self.model.drafter)
+            with set_model_tag("dspark_head"):  # its own compile cache, apart from the body's
+                self.compiled_drafter = CompiledDrafter(vllm_config=vllm_config, prefix=f"{prefix}drafter",
+                                                        core=self.model, context_layer=self.context_cache.layer_name)
         mode = vllm_config.compilation_config.mode
         speculation = ", DSpark speculation" if with_drafter else ""
         if self.body.do_not_compile:
             server_log.info("deepinfer: the model body runs eagerly (compilation mode %s%s)", mode.name, speculation)
         else:
-            server_log.info("deepinfer: vLLM compiles the model body (compilation mode %s%s); paged-cache work runs "
-                            "in the opaque ops %s", mode.name, speculation, ", ".join((ATTENTION_OP, ENGRAM_OP)))
+            opaque = (ATTENTION_OP, ENGRAM_OP) + ((DRAFT_ATTENTION_OP,) if with_drafter else ())
+            server_log.info("deepinfer: vLLM compiles the model body%s (compilation mode %s%s); paged-cache work "
+                            "runs in the opaque ops %s", " and the DSpark drafter" if with_drafter else "",
+                            mode.name, speculation, ", ".join(opaque))
         logger.info("deepinfer: DeepSeek-V4.1 core model (%d layers, activations %s) on vLLM paged caches",
                     self.args.num_hidden_layers, dtype)
 

@@ -37,8 +37,10 @@ import logging
 
 import numpy as np
 import torch
+from vllm.forward_context import set_forward_context
 
 from .. import envs
+from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions
 from ..dspark.length_policy import StaleBudget, cumulative_survival
 from .cache import PagedDraftContexts, StoredPositions
 
@@ -56,6 +58,7 @@ class DeepInferDSparkProposer:
     """vLLM ``custom_class`` proposer running DeepInfer's DSpark drafter on the target's paged draft context."""
 
     def __init__(self, vllm_config):
+        self.vllm_config = vllm_config
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = spec.num_speculative_tokens
         self.target = None
@@ -73,9 +76,21 @@ class DeepInferDSparkProposer:
         if self.num_drafts < self.num_speculative_tokens:
             logger.warning("deepinfer: num_speculative_tokens=%d exceeds the DSpark block size %d; proposing %d",
                            self.num_speculative_tokens, self.num_drafts, self.num_drafts)
+        self.trace_drafter(rows=2)
         logger.info("deepinfer: DSpark proposer on %s, up to %d drafts per request, verify lengths %s",
                     type(target_model).__name__, self.num_drafts,
                     "planned (Algorithm B)" if self.step_cost is not None else "fixed")
+
+    @torch.inference_mode()
+    def trace_drafter(self, rows: int) -> None:
+        """Call the compiled drafter once with no rows to draft for (its context reads give zeros), so that vLLM
+        traces it now rather than at the first step. Over two rows or more: traced at one row, the number of rows
+        would be a constant of the graph."""
+        device = self.target.model.embed.weight.device
+        block = self.target.model.drafter.block_size
+        with set_forward_context(None, self.vllm_config):
+            self.target.compiled_drafter(torch.zeros(rows, dtype=torch.long, device=device),
+                                         torch.arange(rows * block, device=device))
 
     def draft_rows(self, num_tokens_no_spec, token_ids_cpu, rows: list[int]):
         """Draft one block for each batch row in ``rows`` -> (tokens [R, B], confidences [R, B]) numpy."""
@@ -84,13 +99,16 @@ class DeepInferDSparkProposer:
             raise RuntimeError("propose() before any forward: no draft context")
         audit = StoredPositions()
         lengths = num_tokens_no_spec[rows].astype(np.int64)  # the anchor is each row's last committed token
-        anchors = torch.from_numpy(token_ids_cpu[rows, lengths - 1].astype(np.int64))
+        device = step.context_blocks.device
+        anchors = torch.from_numpy(token_ids_cpu[rows, lengths - 1].astype(np.int64)).to(device)
         context = PagedDraftContexts(self.args, self.target.context_cache, step.context_blocks[rows],
                                      (lengths - 1).tolist(), audit)
-        block = model.drafter.propose(model.embed, model.head_weight, anchors.to(step.context_blocks.device),
-                                      context.rows, greedy_draft=True)
+        block = model.drafter.block_size
+        chunks = [SequenceChunk(r * block, block, row.num_tokens, row) for r, row in enumerate(context.rows)]
+        with self.target.context_cache.drafting.rows(chunks), set_forward_context(None, self.vllm_config):
+            tokens, confidence_logits = self.target.compiled_drafter(anchors, key_positions(chunks, device))
         audit.verify()
-        return block.tokens.cpu().numpy(), block.confidences.float().cpu().numpy()
+        return tokens.cpu().numpy(), torch.sigmoid(confidence_logits).float().cpu().numpy()
 
     @torch.inference_mode()
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,

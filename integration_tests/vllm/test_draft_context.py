@@ -2,8 +2,9 @@
 
 Guarantees: the proposer's one batched read of every drafting row's context (``PagedDraftContexts``), through
 block tables drawn at random over stale bytes, gives the drafts and confidences of the core drafter on its own
-``DraftState``s, for rows whose anchor sits before, at and past the window; and a block table that points a row
-at another row's blocks is caught by the stored-position audit."""
+``DraftState``s, for rows whose anchor sits before, at and past the window; so does the drafter as vLLM compiles
+it (traced without a graph break, its context reads one opaque op); and a block table that points a row at another
+row's blocks is caught by the stored-position audit."""
 
 from __future__ import annotations
 
@@ -75,3 +76,40 @@ def test_a_row_reading_another_rows_blocks_is_caught(core_model, paged):
     PagedDraftContexts(core_model.args, owner, table[[2, 1, 0]], list(LENGTHS), audit)
     with pytest.raises(RuntimeError, match="DSpark context cache does not hold position"):
         audit.verify()
+
+
+@torch.no_grad()
+def test_compiled_drafter_traces_without_graph_breaks_and_drafts_as_the_core(core_model, paged):
+    """The drafter's block as vLLM compiles it (``CompiledDrafter``, traced by dynamo with fullgraph=True and
+    dynamic shapes), its context reads the opaque op over the paged cache: no graph break, and the drafts and
+    confidences of the core drafter on its own ``DraftState``s."""
+    from torch._dynamo.utils import counters
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    from deepinfer_plugins.models.deepseek_v41.kv_cache import key_positions
+    from deepinfer_plugins.vllm.compiled import CompiledDrafter, Drafting
+
+    from .test_compile import eager_vllm_config
+
+    model = core_model
+    owner, table, states = paged
+    owner.drafting = Drafting(model.drafter)
+    drafter = CompiledDrafter(vllm_config=eager_vllm_config(), core=model, context_layer=owner.layer_name)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(drafter.forward, backend="eager", fullgraph=True, dynamic=True)
+    block = model.drafter.block_size
+    for rows in ([0, 1, 2], [2, 0]):
+        anchors = torch.tensor([5, 6, 7])[rows]
+        want = model.drafter.propose(model.embed, model.head_weight, anchors, [states[r] for r in rows],
+                                     greedy_draft=True)
+        audit = StoredPositions()
+        context = PagedDraftContexts(model.args, owner, table[rows], [LENGTHS[r] for r in rows], audit)
+        chunks = [SequenceChunk(i * block, block, row.num_tokens, row) for i, row in enumerate(context.rows)]
+        with override_forward_context(ForwardContext(no_compile_layers={owner.layer_name: owner}, attn_metadata={},
+                                                     slot_mapping={})), owner.drafting.rows(chunks):
+            tokens, confidence_logits = compiled(anchors, key_positions(chunks, anchors.device))
+        audit.verify()
+        assert torch.equal(tokens, want.tokens)
+        torch.testing.assert_close(confidence_logits, want.confidence_logits, atol=1e-5, rtol=1e-5)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])

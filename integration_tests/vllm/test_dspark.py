@@ -37,6 +37,8 @@ PLANTED = "integration_tests.vllm.dspark_planted.PlantedDSparkProposer"
 K = 3
 NEW_TOKENS = 32
 LOG = Path(os.environ.get("DEEPINFER_DSPARK_SERVER_LOG", "/tmp/deepinfer-dspark-server.log"))
+COMPILED_LINE = ("vLLM compiles the model body and the DSpark drafter (compilation mode DYNAMO_TRACE_ONCE, DSpark "
+                 "speculation)")
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -94,7 +96,7 @@ def offline(checkpoint, tmp_path, proposer: str, planted_file: Path, kv_bytes: i
     if eager:
         assert "the model body runs eagerly (compilation mode NONE, DSpark speculation)" in log
     else:
-        assert "vLLM compiles the model body (compilation mode DYNAMO_TRACE_ONCE, DSpark speculation)" in log
+        assert COMPILED_LINE in log
     return json.loads(line[len("RESULT"):])
 
 
@@ -183,7 +185,7 @@ def test_server_with_dspark_speculation_reports_spec_decode_metrics(checkpoint, 
             text = httpx.get(f"{base}/metrics", timeout=10).text
         finally:
             stop_process_group(process)
-    assert "vLLM compiles the model body (compilation mode DYNAMO_TRACE_ONCE, DSpark speculation)" in LOG.read_text()
+    assert COMPILED_LINE in LOG.read_text()
     drafts = metric(text, "vllm:spec_decode_num_drafts_total")
     draft_tokens = metric(text, "vllm:spec_decode_num_draft_tokens_total")
     accepted = metric(text, "vllm:spec_decode_num_accepted_tokens_total")

@@ -26,7 +26,9 @@ differs, which is ``DraftAttention.forward``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -82,20 +84,25 @@ class DraftAttention(Attention):
     def forward(self, x: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
         """x [rows, d] normed inputs of the slots of every chunk (chunk.state a DraftState, chunk.start_pos the
         anchor position) -> [rows, d]. Projections and the attention run once for every chunk, as in the target."""
-        stage = self.layer_id - self.args.num_hidden_layers
-        positions = key_positions(chunks, x.device)
         slots = torch.cat([x[chunk.row_start: chunk.row_start + chunk.num_rows] for chunk in chunks])
-        q, _ = self.queries(slots, positions)
-        blocks = ops.pack_cache_records(self.window_latents(slots, positions), WINDOW_FORMAT)  # the B slots' keys
+        return self.forward_all_rows(slots, key_positions(chunks, x.device),
+                                     lambda q, q_latent, latents: self.attend_context(q, latents, chunks))
+
+    def attend_context(self, q: torch.Tensor, latents: torch.Tensor, chunks: list[SequenceChunk]) -> torch.Tensor:
+        """What ``forward`` does between the projections: the slots' queries q [rows, heads, head_dim] over each
+        chunk's context keys and its slots' own keys (``latents`` [rows, head_dim], FP8-packed here) -> o, still
+        rotated. Its own method so that a compiling engine makes only this opaque (vllm/compiled.py)."""
+        stage = self.layer_id - self.args.num_hidden_layers
+        blocks = ops.pack_cache_records(latents, WINDOW_FORMAT)  # the B slots' keys
         batch = getattr(chunks[0].state, "batch_context", None)
         if batch is not None:  # engines: every row's context read at once
             keys, indices = batch.draft_keys(stage, blocks, chunks)
         else:
             keys, indices = self.per_sequence_keys(stage, blocks, chunks)
-        no_entries = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8, device=x.device)
-        o = ops.sparse_attention_records(q, keys, indices, no_entries, indices[:, :0], self.attn_sink,
-                                         self.softmax_scale)
-        return self.project_out(self.rotate(o, positions, inverse=True))
+        no_entries = torch.empty(0, record_bytes(COMPRESSED_FORMAT, self.head_dim), dtype=torch.uint8,
+                                 device=q.device)
+        return ops.sparse_attention_records(q, keys, indices, no_entries, indices[:, :0], self.attn_sink,
+                                            self.softmax_scale)
 
     @staticmethod
     def per_sequence_keys(stage: int, blocks: torch.Tensor,
@@ -220,6 +227,15 @@ class DSparkDrafter(nn.ModuleList):
     # ---- drafting ----------------------------------------------------------------------------------------
     def hidden(self, embed: nn.Embedding, anchors: torch.Tensor, states: list[DraftState]) -> torch.Tensor:
         """Block-parallel backbone: anchors [R] -> pre-norm collapsed hidden [R, B, d] (slot k predicts x_{k+1})."""
+        b = self.block_size
+        chunks = [SequenceChunk(r * b, b, state.num_tokens, state) for r, state in enumerate(states)]
+        return self.block_hidden(embed, anchors, lambda stage, attn_in: self[stage].attn(attn_in, chunks))
+
+    def block_hidden(self, embed: nn.Embedding, anchors: torch.Tensor,
+                     attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``hidden`` with each stage's attention given as ``attend(stage, normed input of every slot)``: an
+        engine that compiles the drafter passes one whose context reads are an opaque op, so the rest (mHC,
+        norms, MoE) holds no per-sequence Python. The math is ``Block.mix``."""
         rows, b = anchors.shape[0], self.block_size
         tokens = torch.full((rows, b), self.args.dspark_noise_token_id, dtype=torch.long, device=anchors.device)
         tokens[:, 0] = anchors
@@ -227,11 +243,38 @@ class DSparkDrafter(nn.ModuleList):
         streams = x[:, None, :].expand(-1, self.args.hc_mult, -1).contiguous()  # [R * B, S, d]
         pre_mix = torch.zeros(x.shape[0], self.args.hc_mult, dtype=torch.float32, device=x.device)
         pre_mix[:, 0] = 1.0
-        chunks = [SequenceChunk(r * b, b, state.num_tokens, state) for r, state in enumerate(states)]
-        every_row = torch.arange(x.shape[0], device=x.device)
-        for stage in self:
-            streams, pre_mix = stage(streams, pre_mix, None, chunks, every_row)
+        for index, stage in enumerate(self):
+            streams, pre_mix = stage.mix(streams, pre_mix, None, functools.partial(attend, index), slice(None))
         return ops.hc_collapse(streams, pre_mix).unflatten(0, (rows, b))
+
+    def markov_drafts(self, h: torch.Tensor, head_weight: torch.Tensor, anchors: torch.Tensor,
+                      pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """The Markov stage over the backbone's hidden h [R, B, d]: slot k conditions on the token drafted at
+        k - 1, ``pick(logits [R, V]) -> (tokens [R], the distribution sampled from or None)``.
+        -> (tokens [R, B], confidence logits [R, B], the distributions picked from)."""
+        last = self[-1]
+        base = ops.linear_to_fp32(last.norm(h), head_weight)  # [R, B, V] fp32
+        prev = anchors.long()
+        tokens, conf_logits, probs = [], [], []
+        for k in range(self.block_size):
+            bias, markov_embedding = last.markov_head(prev)
+            logits = base[:, k] + bias  # [R, V]
+            # The target refuses image placeholder ids in text input, so a draft must never propose one; q below
+            # is the masked distribution actually sampled from, which keeps verification lossless.
+            logits[:, self.args.image_token_id] = float("-inf")
+            conf_logits.append(last.confidence_head(h[:, k], markov_embedding))
+            prev, q = pick(logits)
+            if q is not None:
+                probs.append(q)
+            tokens.append(prev)
+        return torch.stack(tokens, dim=1), torch.stack(conf_logits, dim=1), probs
+
+    def greedy_drafts(self, h: torch.Tensor, head_weight: torch.Tensor,
+                      anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``markov_drafts`` picking the argmax -> (tokens [R, B], confidence logits [R, B])."""
+        tokens, conf_logits, _ = self.markov_drafts(h, head_weight, anchors, lambda logits: (logits.argmax(-1), None))
+        return tokens, conf_logits
 
     @torch.inference_mode()
     def propose(self, embed: nn.Embedding, head_weight: torch.Tensor, anchors: torch.Tensor,
@@ -247,24 +290,14 @@ class DSparkDrafter(nn.ModuleList):
         if greedy_draft is None:
             greedy_draft = bool((torch.as_tensor(temperature) == 0).all())
         h = self.hidden(embed, anchors, states)  # [R, B, d]
-        last = self[-1]
-        base = ops.linear_to_fp32(last.norm(h), head_weight)  # [R, B, V] fp32
-        prev = anchors.long()
-        tokens, conf_logits, probs = [], [], []
-        for k in range(self.block_size):  # the Markov stage: slot k conditions on the token drafted at k-1
-            bias, markov_embedding = last.markov_head(prev)
-            logits = base[:, k] + bias  # [R, V]
-            # The target refuses image placeholder ids in text input, so a draft must never propose one; q below
-            # is the masked distribution actually sampled from, which keeps verification lossless.
-            logits[:, self.args.image_token_id] = float("-inf")
-            conf_logits.append(last.confidence_head(h[:, k], markov_embedding))
-            if greedy_draft:
-                prev = logits.argmax(dim=-1)
-            else:
+        if greedy_draft:
+            tokens, conf = self.greedy_drafts(h, head_weight, anchors)
+            probs = None
+        else:
+            def sample(logits):
                 q = processed_probs(logits, temperature, top_k, top_p)
-                prev = torch.multinomial(q, 1, generator=generator).squeeze(-1)
-                probs.append(q)
-            tokens.append(prev)
-        conf = torch.stack(conf_logits, dim=1)
-        return DraftBlock(tokens=torch.stack(tokens, dim=1), confidence_logits=conf, confidences=torch.sigmoid(conf),
-                          draft_probs=None if greedy_draft else torch.stack(probs, dim=1))
+                return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+
+            tokens, conf, sampled_from = self.markov_drafts(h, head_weight, anchors, sample)
+            probs = torch.stack(sampled_from, dim=1)
+        return DraftBlock(tokens=tokens, confidence_logits=conf, confidences=torch.sigmoid(conf), draft_probs=probs)
