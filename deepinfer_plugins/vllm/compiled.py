@@ -184,12 +184,14 @@ class CompiledBody(nn.Module):
 
 @support_torch_compile(dynamic_arg_dims={"anchors": 0, "positions": 0})
 class CompiledDrafter(nn.Module):
-    """The DSpark drafter's greedy block, traced like the body: anchors [R] and the slots' positions [R * B] ->
-    (drafted tokens [R, B], confidence logits [R, B]). Each stage's reads of the draft context are one opaque op,
-    ``deepinfer::v41_draft_attention``, which finds the rows being drafted on the context cache's owner
-    (its ``Drafting``, set by the proposer around the call); the embedding, the stages' mHC, norms
-    and MoE, the target's head and the Markov stage are the traced graph (the core's ``block_hidden`` and
-    ``greedy_drafts``)."""
+    """The DSpark drafter's block backbone, traced like the body: anchors [R] and the slots' positions [R * B] ->
+    the collapsed hidden states [R, B, d] (the core's ``block_hidden``: embedding, each stage's projections,
+    mHC, norms and MoE). Each stage's reads of the draft context are one opaque op,
+    ``deepinfer::v41_draft_attention``, which finds the rows being drafted on the context cache's owner (its
+    ``Drafting``, set by the proposer around the call). The Markov stage after it (the target's head, then one
+    slot at a time) runs outside the graph: traced, the head is the compiler's GEMM against the head weight as
+    stored, which on a CPU was slower than the whole eager drafter; eager, it is the engine's prepacked GEMM
+    (ops/backends/vllm_cpu_backend.py), as for the target's logits."""
 
     def __init__(self, *, vllm_config, prefix: str = "", core: nn.Module, context_layer: str):
         super().__init__()
@@ -198,7 +200,7 @@ class CompiledDrafter(nn.Module):
         if splitting_ops and DRAFT_ATTENTION_OP not in splitting_ops:
             splitting_ops.append(DRAFT_ATTENTION_OP)
 
-    def forward(self, anchors: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, anchors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         drafter = self.core.drafter
 
         def attention(stage: int, x: torch.Tensor) -> torch.Tensor:
@@ -207,5 +209,4 @@ class CompiledDrafter(nn.Module):
 
             return drafter[stage].attn.forward_all_rows(x, positions, attend)
 
-        h = drafter.block_hidden(self.core.embed, anchors, attention)
-        return drafter.greedy_drafts(h, self.core.head_weight, anchors)
+        return drafter.block_hidden(self.core.embed, anchors, attention)

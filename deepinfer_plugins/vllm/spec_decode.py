@@ -106,7 +106,8 @@ class DeepInferDSparkProposer:
         block = model.drafter.block_size
         chunks = [SequenceChunk(r * block, block, row.num_tokens, row) for r, row in enumerate(context.rows)]
         with self.target.context_cache.drafting.rows(chunks), set_forward_context(None, self.vllm_config):
-            tokens, confidence_logits = self.target.compiled_drafter(anchors, key_positions(chunks, device))
+            hidden = self.target.compiled_drafter(anchors, key_positions(chunks, device))
+        tokens, confidence_logits = model.drafter.greedy_drafts(hidden, model.head_weight, anchors)
         audit.verify()
         return tokens.cpu().numpy(), torch.sigmoid(confidence_logits).float().cpu().numpy()
 
