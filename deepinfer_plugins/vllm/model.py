@@ -16,7 +16,7 @@ the model also builds the drafter (``mtp.*`` weights), owns one more paged cache
 the compiled body (which returns the residual streams entering ``dspark_target_layer_ids``), turns those streams
 into every draft stage's context keys and writes them at each token's slot. ``last_step`` keeps the per-row block
 table of that cache, so the proposer (which vLLM gives no request ids and no hidden states) finds each row's
-context.
+context. The drafter's block backbone is a second compiled module, ``CompiledDrafter``, under its own compile tag.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ read through the row's block table of the forward just run (``model.last_step``)
 prefill, preemption and rejected drafts therefore need nothing special: rejected positions are rewritten when
 vLLM recomputes them, and a draft never reads a position at or after its anchor.
 
-Drafts are greedy (argmax of the Markov-corrected draft distribution). vLLM's rejection sampler treats drafts
+The drafter's block backbone runs as the model's ``compiled_drafter`` (vllm/compiled.py: traced by vLLM like the
+body, its context reads one opaque op), the Markov stage after it eagerly. Drafts are greedy (argmax of the
+Markov-corrected draft distribution). vLLM's rejection sampler treats drafts
 without probabilities as one-hot proposals, which is lossless for greedy and for sampled requests alike.
 
 Verify lengths: vLLM's V1 runner accepts one draft list per request of any length <= num_speculative_tokens, so
@@ -40,8 +42,8 @@ import torch
 from vllm.forward_context import set_forward_context
 
 from .. import envs
-from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions
 from ..dspark.length_policy import StaleBudget, cumulative_survival
+from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions
 from .cache import PagedDraftContexts, StoredPositions
 
 logger = logging.getLogger("deepinfer")
