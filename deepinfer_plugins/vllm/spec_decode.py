@@ -19,8 +19,8 @@ vLLM recomputes them, and a draft never reads a position at or after its anchor.
 
 The drafter's block backbone runs as the model's ``compiled_drafter`` (vllm/compiled.py: traced by vLLM like the
 body, its context reads one opaque op), the Markov stage after it eagerly. Drafts are greedy (argmax of the
-Markov-corrected draft distribution). vLLM's rejection sampler treats drafts
-without probabilities as one-hot proposals, which is lossless for greedy and for sampled requests alike.
+Markov-corrected draft distribution). vLLM's rejection sampler treats drafts without probabilities as one-hot
+proposals, which is lossless for greedy and for sampled requests alike.
 
 Verify lengths: vLLM's V1 runner accepts one draft list per request of any length <= num_speculative_tokens, so
 lengths can differ per request. By default every request gets min(num_speculative_tokens, dspark_block_size)
