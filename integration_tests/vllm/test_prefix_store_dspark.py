@@ -19,7 +19,8 @@ def test_dspark_speculation_resumes_from_a_stored_prefix(checkpoint, core_model,
     """With DSpark on, a unit also holds the draft context (the drafter's keys at every stored position). After a
     restart, the next request recomputes fewer tokens than the window, so its first drafts read context keys that
     came from storage (every read checks the stored position); the answer is the core model's and drafts were made.
-    Both servers run eagerly, as the others here: test_dspark.py checks the compiled forward with speculation on."""
+    Both servers run eagerly, as the store tests' replicas do: test_dspark.py checks the compiled forward with
+    speculation on."""
     spec = {"method": "custom_class", "model": "deepinfer_plugins.vllm.spec_decode.DeepInferDSparkProposer",
             "num_speculative_tokens": 2}
     config = {"kv_connector": "DeepInferStoreConnector", "kv_role": "kv_both",
