@@ -43,7 +43,7 @@ from vllm.forward_context import set_forward_context
 
 from .. import envs
 from ..dspark.length_policy import StaleBudget, cumulative_survival
-from ..models.deepseek_v41.kv_cache import SequenceChunk, key_positions
+from ..models.deepseek_v41.kv_cache import key_positions
 from .cache import PagedDraftContexts, StoredPositions
 
 logger = logging.getLogger("deepinfer")
@@ -105,8 +105,7 @@ class DeepInferDSparkProposer:
         anchors = torch.from_numpy(token_ids_cpu[rows, lengths - 1].astype(np.int64)).to(device)
         context = PagedDraftContexts(self.args, self.target.context_cache, step.context_blocks[rows],
                                      (lengths - 1).tolist(), audit)
-        block = model.drafter.block_size
-        chunks = [SequenceChunk(r * block, block, row.num_tokens, row) for r, row in enumerate(context.rows)]
+        chunks = model.drafter.block_chunks(context.rows)
         with self.target.context_cache.drafting.rows(chunks), set_forward_context(None, self.vllm_config):
             hidden = self.target.compiled_drafter(anchors, key_positions(chunks, device))
         tokens, confidence_logits = model.drafter.greedy_drafts(hidden, model.head_weight, anchors)

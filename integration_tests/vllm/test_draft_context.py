@@ -98,14 +98,13 @@ def test_compiled_drafter_traces_without_graph_breaks_and_drafts_as_the_core(cor
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(drafter.forward, backend="eager", fullgraph=True, dynamic=True)
-    block = model.drafter.block_size
     for rows in ([0, 1, 2], [2, 0]):
         anchors = torch.tensor([5, 6, 7])[rows]
         want = model.drafter.propose(model.embed, model.head_weight, anchors, [states[r] for r in rows],
                                      greedy_draft=True)
         audit = StoredPositions()
         context = PagedDraftContexts(model.args, owner, table[rows], [LENGTHS[r] for r in rows], audit)
-        chunks = [SequenceChunk(i * block, block, row.num_tokens, row) for i, row in enumerate(context.rows)]
+        chunks = model.drafter.block_chunks(context.rows)
         with override_forward_context(ForwardContext(no_compile_layers={owner.layer_name: owner}, attn_metadata={},
                                                      slot_mapping={})), owner.drafting.rows(chunks):
             hidden = compiled(anchors, key_positions(chunks, anchors.device))

@@ -227,9 +227,13 @@ class DSparkDrafter(nn.ModuleList):
     # ---- drafting ----------------------------------------------------------------------------------------
     def hidden(self, embed: nn.Embedding, anchors: torch.Tensor, states: list[DraftState]) -> torch.Tensor:
         """Block-parallel backbone: anchors [R] -> pre-norm collapsed hidden [R, B, d] (slot k predicts x_{k+1})."""
-        b = self.block_size
-        chunks = [SequenceChunk(r * b, b, state.num_tokens, state) for r, state in enumerate(states)]
+        chunks = self.block_chunks(states)
         return self.block_hidden(embed, anchors, lambda stage, attn_in: self[stage].attn(attn_in, chunks))
+
+    def block_chunks(self, states: list[DraftState]) -> list[SequenceChunk]:
+        """One chunk per row of a block: row r's B slots at rows r * B.., from its anchor position on."""
+        b = self.block_size
+        return [SequenceChunk(r * b, b, state.num_tokens, state) for r, state in enumerate(states)]
 
     def block_hidden(self, embed: nn.Embedding, anchors: torch.Tensor,
                      attend: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
