@@ -37,12 +37,13 @@ TRANSFER = ('{{"kv_connector": "NixlConnector", "kv_role": "{role}", "kv_buffer_
 ROLES = ("kv_producer", "kv_consumer")
 
 
-def start(checkpoint: Path, role: str, cpus: set[int]):
+def start(checkpoint: Path, role: str, cpus: set[int], extra: tuple[str, ...] = (), log_name: str = ""):
+    """A prefill or decode server (``extra``: more flags, logged to deepinfer-<log_name or role>.log)."""
     return launch_server(
         checkpoint, free_port(),
         ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
-         "--kv-transfer-config", TRANSFER.format(role=role)],
-        LOGS / f"deepinfer-{role}.log",
+         "--kv-transfer-config", TRANSFER.format(role=role), *extra],
+        LOGS / f"deepinfer-{log_name or role}.log",
         env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
              "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
         cpus=cpus)
@@ -124,20 +125,32 @@ def routed_body() -> dict:
     return {"model": MODEL, "temperature": 0, **OFF, "messages": [{"role": "user", "content": text}]}
 
 
-@pytest.fixture(scope="module")
-def pd_router(servers):
+def router_command() -> str:
     router = installed_command("vllm-router")
     if router is None:
         pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
-    prefill, decode = servers[0][1], servers[1][1]
+    return router
+
+
+def start_router(router: str, prefill: str, decode: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """``vllm-router --vllm-pd-disaggregation`` in front of the pair -> (process, base URL), once it answers."""
     port = free_port()
-    log = LOGS / "deepinfer-pd-router.log"
     process = subprocess.Popen([router, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode,
                                 "--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(port)],
                                start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         wait_ready(f"http://127.0.0.1:{port}", process, 120, log)
-        yield f"http://127.0.0.1:{port}"
+    except BaseException:
+        stop_process_group(process)
+        raise
+    return process, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def pd_router(servers):
+    process, base = start_router(router_command(), servers[0][1], servers[1][1], LOGS / "deepinfer-pd-router.log")
+    try:
+        yield base
     finally:
         stop_process_group(process)
 

@@ -11,18 +11,19 @@ pair of test_disaggregation.py is stopped before this pair starts, so each serve
 from __future__ import annotations
 
 import json
-import subprocess
 from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
-from deepinfer_plugins.cli import launch_server, stop_process_group, wait_ready
+from deepinfer_plugins.cli import stop_process_group
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
-from .conftest import MODEL, free_port, installed_command, launch_side_by_side
-from .test_disaggregation import LOGS, ROLES, TRANSFER, chat_body, connect, new_tokens, tokens_by_source
+from .conftest import launch_side_by_side
+from .test_disaggregation import (LOGS, ROLES, chat_body, connect, new_tokens, router_command, start, start_router,
+                                  tokens_by_source)
+from .test_dspark import metric
 
 pytest.importorskip("nixl", reason="NixlConnector needs the nixl package (integration_tests/setup_vllm_venv.sh)")
 
@@ -30,15 +31,10 @@ SPECULATION = {"method": "custom_class", "model": "deepinfer_plugins.vllm.spec_d
                "num_speculative_tokens": 2}
 
 
-def start(checkpoint: Path, role: str, cpus: set[int]):
+def start_speculating(checkpoint: Path, role: str, cpus: set[int]):
+    process, base = start(checkpoint, role, cpus, ("--speculative-config", json.dumps(SPECULATION)),
+                          f"dspark-{role}")
     log = LOGS / f"deepinfer-dspark-{role}.log"
-    process, base = launch_server(
-        checkpoint, free_port(),
-        ["--dtype", "float32", "--max-model-len", "2048", "--served-model-name", MODEL, "--enforce-eager",
-         "--kv-transfer-config", TRANSFER.format(role=role), "--speculative-config", json.dumps(SPECULATION)],
-        log, env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
-                  "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-        cpus=cpus)
     assert "DSpark speculation" in log.read_text(), f"the {role} server does not speculate; see {log}"
     return process, base
 
@@ -46,29 +42,20 @@ def start(checkpoint: Path, role: str, cpus: set[int]):
 @pytest.fixture(scope="module")
 def router_over_pair(checkpoint):
     """(router URL, prefill URL, decode URL) of a DSpark prefill/decode pair behind vllm-router."""
-    router = installed_command("vllm-router")
-    if router is None:
-        pytest.skip("vllm-router is not installed (integration_tests/setup_vllm_venv.sh)")
-    running = launch_side_by_side([partial(start, checkpoint, role) for role in ROLES])
+    router = router_command()
+    running = launch_side_by_side([partial(start_speculating, checkpoint, role) for role in ROLES])
     (_, prefill), (_, decode) = running
-    port = free_port()
-    log = LOGS / "deepinfer-dspark-pd-router.log"
     try:
         connect(prefill, decode)
-        running.append((subprocess.Popen([router, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode",
-                                          decode, "--kv-connector", "nixl", "--host", "127.0.0.1", "--port",
-                                          str(port)], start_new_session=True, stdout=log.open("w"),
-                                         stderr=subprocess.STDOUT), None))
-        wait_ready(f"http://127.0.0.1:{port}", running[-1][0], 120, log)
-        yield f"http://127.0.0.1:{port}", prefill, decode
+        running.append(start_router(router, prefill, decode, LOGS / "deepinfer-dspark-pd-router.log"))
+        yield running[-1][1], prefill, decode
     finally:
         for process, _ in running:
             stop_process_group(process)
 
 
 def drafts_made(base: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines()
-               if line.startswith("vllm:spec_decode_num_drafts_total"))
+    return metric(httpx.get(f"{base}/metrics", timeout=10).text, "vllm:spec_decode_num_drafts_total")
 
 
 def test_decode_drafts_from_the_transferred_draft_context(router_over_pair, core_model):

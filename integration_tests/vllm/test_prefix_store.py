@@ -44,14 +44,15 @@ NIXL = importlib.util.find_spec("nixl") is not None
 def serve(checkpoint, store_dir: Path, name: str, cpus: set[int]):
     """A replica on the store; where NIXL is installed, with vLLM's NixlConnector beside the store under its
     MultiConnector (both ``kv_both``), as a replica that also hands prompts over to decode servers runs."""
-    store = {"kv_connector": "DeepInferStoreConnector", "kv_role": "kv_both",
-             "kv_connector_extra_config": {"store_dir": str(store_dir), "sweep_interval_s": 2}}
-    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": {"kv_lease_duration": 120}}
-    config = ({"kv_connector": "MultiConnector", "kv_role": "kv_both",
-               "kv_connector_extra_config": {"connectors": [store, nixl]}} if NIXL else store)
+    config = {"kv_connector": "DeepInferStoreConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"store_dir": str(store_dir), "sweep_interval_s": 2}}
     env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    if NIXL:
+    if NIXL:  # imported here: test_disaggregation skips its whole module without nixl
+        from .test_disaggregation import TRANSFER
+
+        nixl = json.loads(TRANSFER.format(role="kv_both"))
+        config = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"connectors": [config, nixl]}}
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port())
     return launch_server(checkpoint, free_port(),
                          ["--dtype", "float32", "--max-model-len", "4096", "--served-model-name", MODEL,
