@@ -141,7 +141,10 @@ def test_partial_outputs_summed_give_the_unsharded_logits(checkpoint):
     assert not errors, errors
     assert torch.equal(logits[0], logits[1]), "every rank computes the same logits"
     expected = full(tokens)
-    torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=1e-4)
+    # The ranks' sum adds in another order than one GEMM, and a last-bit difference can move a cache entry across
+    # an FP8 rounding boundary, one FP8 step that later layers carry (whether it happens depends on the CPU's SIMD
+    # path). A wrong shard is off by the size of the logits themselves.
+    assert float((logits[0] - expected).norm() / expected.norm()) < 1e-2
     assert torch.equal(logits[0].argmax(-1), expected.argmax(-1))
 
 
