@@ -1,12 +1,13 @@
-"""Every Triton kernel compiles for sm_90 (H100/H200) and sm_100 (B200) at the tests' and the benchmark's shapes,
-with the tilings the ops launch, without a GPU: tests/ops/triton_aot.py runs the launchers under a compile-only
-driver (PTX and cubin from the wheel's ptxas, Triton's shared-memory limit enforced) and prints registers / shared
-memory / local (spill) bytes per specialisation. The benchmark's candidate tilings are left out here: only
-benchmarks/kernels.py --sweep launches them, and on a GPU it compiles and times them (benchmarks/device_check.sh);
-without one, ``python -m tests.ops.triton_aot`` compiles them. They are most of a cold compile (sm_100 on an idle
-core: 155 s without them, 743 s with them), which CI would pay on every fresh machine. Where triton-ascend is the
-installed triton, tests/ops/triton_ascend_lowering.py lowers the same launches for Ascend NPUs instead (its adapter
-stage; CANN's binary stage cannot run here).
+"""Every Triton kernel compiles for sm_90 (H100/H200) and sm_100 (B200) without a GPU: tests/ops/triton_aot.py runs
+the launchers under a compile-only driver (PTX and cubin from the wheel's ptxas, Triton's shared-memory limit
+enforced) and prints registers / shared memory / local (spill) bytes per specialisation. CI compiles each code path
+of each kernel once (a kernel's formats, modes and dtypes; ``--one-per-path``), at the latest launch that reaches it,
+which is V4.1's shape where there is one: a third of the 220 launches at the tests' and the benchmark's shapes, the
+rest being other tilings of the same code. ``python -m tests.ops.triton_aot --no-sweep`` compiles all of them,
+``python -m tests.ops.triton_aot`` adds the benchmark's candidate tilings, and on a GPU benchmarks/kernels.py
+--sweep compiles and times those (benchmarks/device_check.sh). Where triton-ascend is the installed triton,
+tests/ops/triton_ascend_lowering.py lowers the same code paths for Ascend NPUs instead (its adapter stage; CANN's
+binary stage cannot run here), and every launch of a V4.1 prefill chunk.
 
 It runs in a subprocess with TRITON_INTERPRET removed from the environment: the interpreter tests set it before
 importing the kernels, and the kernels pick their block sizes from it at import.
@@ -23,13 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 SKIPPED = 3  # triton_aot's exit status when the NVIDIA toolchain is unusable, triton_ascend_lowering's without it
 
 
-# Extra arguments per target: the tilings the ops launch, no sweep candidates (see above).
-TARGETS = {90: ["--no-sweep"], 100: ["--no-sweep"]}
+# Extra arguments per target: each code path once (see above).
+TARGETS = {90: ["--no-sweep", "--one-per-path"], 100: ["--no-sweep", "--one-per-path"]}
 ARCHS = tuple(TARGETS)
-# Cold Triton cache (a fresh machine), 195 specialisations per target, each target alone on a 2-core box that other
-# jobs kept at a load of ~3: sm_90 86 s, sm_100 108 s (60 s / 72 s of CPU, so about 70 s for both at once on two
-# idle cores). A warm cache (~/.triton/cache): under a minute for both. The limit leaves over 5x the slower
-# target's cold time for a slower or busier machine.
+# Cold Triton cache (a fresh machine), 75 launches per target: sm_100 alone on a busy 2-core box took 59 s (49 s of
+# CPU). A warm cache (~/.triton/cache): seconds. The limit leaves several times a cold run on a slower or busier
+# machine.
 COMPILE_TIMEOUT_S = 600
 
 
@@ -47,7 +47,7 @@ def test_every_kernel_compiles_for_the_gpu():
             run.kill()
             run.communicate()
         pytest.fail(f"compiling took over {COMPILE_TIMEOUT_S} s; with a cold Triton cache (~/.triton/cache) each "
-                    "target takes about 2 minutes on a busy core, and the compiled kernels are cached as they finish")
+                    "target takes about a minute on a busy core, and the compiled kernels are cached as they finish")
     for (stdout, _), _ in results.values():
         print(stdout)
     if all(code == SKIPPED for _, code in results.values()):
@@ -57,11 +57,11 @@ def test_every_kernel_compiles_for_the_gpu():
 
 
 def test_every_kernel_lowers_for_ascend_npus():
-    """Where triton-ascend is the installed triton (CI's .venv-triton-ascend): every kernel through its adapter
-    for Atlas A2/A3 and the 910_95 (Ascend 950) path, within an NPU launch's program limit."""
+    """Where triton-ascend is the installed triton (CI's .venv-triton-ascend): every code path of every kernel
+    through its adapter for Atlas A2/A3 and the 910_95 (Ascend 950) path, within an NPU launch's program limit."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-m", "tests.ops.triton_ascend_lowering"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=1200)
+    run = subprocess.run([sys.executable, "-m", "tests.ops.triton_ascend_lowering", "--one-per-path"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=1200)
     report = "\n".join(line for line in run.stdout.splitlines() if "Please DO NOT tune" not in line)
     print(report)
     if run.returncode == SKIPPED:

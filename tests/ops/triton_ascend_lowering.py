@@ -14,12 +14,13 @@ launches of at most ``ASCEND_MAX_PROGRAMS`` programs: every NPU launch is checke
 of one grid must share one binary, and the report names the grids that were cut (one launch each with
 ``TRITON_ALL_BLOCKS_PARALLEL=1``).
 
-``python -m tests.ops.triton_ascend_lowering`` prints one row per lowered kernel and path and exits 1 on any
-failure, 3 when the installed triton is not triton-ascend.
+``python -m tests.ops.triton_ascend_lowering [--one-per-path]`` prints one row per lowered kernel and path and
+exits 1 on any failure, 3 when the installed triton is not triton-ascend.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import itertools
@@ -38,7 +39,7 @@ from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
-from .triton_aot import Launch, _launches, run_targets, uncovered
+from .triton_aot import Launch, _launches, one_per_code_path, run_targets, uncovered
 
 SKIPPED = 3
 # vLLM's default max_num_batched_tokens on a device of 70 GB or more (offline; the API server's default is 8192);
@@ -231,14 +232,16 @@ def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[
     return grids
 
 
-def lower_all(path: str) -> tuple[list[str], list[str]]:
-    """Runs every launch under the compile-only NPU driver for ``path``; returns (report rows, failures)."""
+def lower_all(path: str, each_path_once: bool = False) -> tuple[list[str], list[str]]:
+    """Runs every launch (or ``one_per_code_path`` of them) under the compile-only NPU driver for ``path``, then
+    the prefill chunk's; returns (report rows, failures)."""
     from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS, BLOCKS_PARALLEL_ENV
 
     failures, lowered = [], []
     with lowering_only(path, lowered) as npu, mock.patch.dict(os.environ):
         os.environ.pop(BLOCKS_PARALLEL_ENV, None)
-        grids = _lower(path, npu, _launches(), failures)
+        launches = _launches()
+        grids = _lower(path, npu, one_per_code_path(launches) if each_path_once else launches, failures)
         prefill = _lower(path, npu, prefill_launches(), failures)
     failures += [f"{path} {label}: a launch of {n} programs (NPU limit {ASCEND_MAX_PROGRAMS})"
                  for label, _, launched in grids + prefill for n in launched if n > ASCEND_MAX_PROGRAMS]
@@ -259,7 +262,12 @@ def lower_all(path: str) -> tuple[list[str], list[str]]:
     return rows, failures
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--one-per-path", action="store_true",
+                        help="lower each code path of each kernel once, at the latest launch that reaches it "
+                             "(CI's check); the prefill chunk's launches all run")
+    args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("TRITON_INTERPRET=1: the kernels would pick interpreter block sizes; unset it", file=sys.stderr)
         return 2
@@ -270,7 +278,7 @@ def main() -> int:
     print(f"{'path':<7} {'kernel':<40} {'specs':>5}  core / parallel mode")
     with tempfile.TemporaryDirectory(prefix="triton-ascend-lowering-") as cache:
         os.environ["TRITON_CACHE_DIR"] = cache  # every kernel lowers anew
-        return run_targets(PATHS, lower_all, "lowered")
+        return run_targets(PATHS, lambda path: lower_all(path, args.one_per_path), "lowered")
 
 
 if __name__ == "__main__":
