@@ -6,11 +6,11 @@
 #   SGLang registration / adapter                                     -> .venv-sglang (skip: DEEPINFER_SKIP_SGLANG=1)
 # A suite that collects no test fails the run (pytest exit code 5 is not treated as success).
 #
-# The Triton interpreter keeps about one core busy with the unit suite, so the work that needs one core at a time runs
-# beside it in the background: the engines' virtualenvs, the triton-ascend suite and the SGLang suite. The jobs'
-# output goes to build/test-logs/ and is printed when the run waits for them. The vLLM suite, whose server and
-# clients share the cores (and whose disaggregation tests depend on NIXL handshakes answered in time), runs last
-# and alone.
+# Most unit tests keep one core busy (the Triton interpreter, one process), so the unit suite runs on two pytest-xdist
+# workers, and the work that needs one core at a time runs beside it in the background: the engines' virtualenvs,
+# the triton-ascend suite and the SGLang suite. The jobs' output goes to build/test-logs/ and is printed when the run
+# waits for them. The vLLM suite, whose server and clients share the cores (and whose disaggregation tests depend on
+# NIXL handshakes answered in time), runs last and alone.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$(date +%s)
@@ -110,7 +110,8 @@ in_background triton-ascend after "${background[triton-ascend-venv]}" triton_asc
 in_background engines after "${background[triton-ascend-venv]}" engine_venvs
 
 stage "unit, kernel, recipe and oracle"
-suite "unit, kernel, recipe and oracle" python3 -m pytest -q -p no:cacheprovider --durations=15 tests kernels recipe/tests
+suite "unit, kernel, recipe and oracle" python3 -m pytest -q -p no:cacheprovider --numprocesses 2 --durations=15 \
+  tests kernels recipe/tests
 
 await triton-ascend-venv
 await triton-ascend

@@ -13,7 +13,8 @@ import textwrap
 from deepinfer_plugins.models.deepseek_v41.generate import SamplingParams, generate
 
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process; the two workers in theirs
     from vllm import LLM, SamplingParams
     if __name__ == "__main__":
         prompts = json.loads(sys.argv[2])
