@@ -129,9 +129,10 @@ def wait_until(condition, failure: str) -> None:
 
 
 def conversation(topic: str) -> list[dict]:
-    """An agent conversation (tools defined) of about 3.5K prompt tokens."""
+    """An agent conversation (tools defined) of about 1.2K prompt tokens: four store anchors (256 tokens) and nine
+    compression groups of the coarsest ratio (128)."""
     notes = " ".join(f"Finding {i} about the {topic}: module {i % 17} calls helper {i % 5} twice."
-                     for i in range(180))
+                     for i in range(56))
     return [{"role": "system", "content": f"The {topic} is under review. You review code and may read files."},
             {"role": "user", "content": f"Review the {topic}. {notes}"}]
 
