@@ -132,11 +132,12 @@ class Launch:
     call: object  # zero-argument callable that runs one launcher
 
 
-def _launches(sweep: bool = True) -> list[Launch]:
+def _launches(sweep: bool = True, each_path_once: bool = False) -> list[Launch]:
     """Every launcher at the shapes and dtypes of tests/ops/test_triton_kernels.py and benchmarks/kernels.py
     (V4.1: b = 64 decode tokens, 8 with --quick). Only dtypes, shapes and constexprs reach the compiler, so the
     tensors are zeros and the pools small. ``sweep``: also every candidate tiling of the attention, GEMM and MoE
-    kernels at V4.1 shapes (only benchmarks/kernels.py --sweep launches them; the ops run the defaults)."""
+    kernels at V4.1 shapes (only benchmarks/kernels.py --sweep launches them; the ops run the defaults).
+    ``each_path_once``: only ``one_per_code_path`` of them. Call it under the driver that compiles them."""
     from deepinfer_plugins import ops
     from deepinfer_plugins.ops.backends.triton_kernels import attention, gemm, indexer, mhc, misc, moe, quant
 
@@ -334,7 +335,7 @@ def _launches(sweep: bool = True) -> list[Launch]:
     for b in (64, 8):
         add(f"rms_norm V4.1 b={b}", misc.rms_norm, z(b, 5120, dtype=bf16), z(5120, dtype=bf16), 1e-20)
         add(f"sqrtsoftplus_route V4.1 b={b}", misc.sqrtsoftplus_route, z(b, 384), z(384), 6, 1.5)
-    return out
+    return one_per_code_path(out) if each_path_once else out
 
 
 # Constexprs that size tiles, padded extents and split counts: they change a kernel's specialisation but not which
@@ -395,12 +396,11 @@ def _specialisation(kernel) -> str:
 
 
 def compile_all(arch: int, sweep: bool = True, each_path_once: bool = False) -> tuple[list[str], list[str]]:
-    """Runs every launch (``_launches(sweep)``, or ``one_per_code_path`` of them) under the compile-only driver for
-    ``arch``; returns (report rows, failures)."""
+    """Runs ``_launches(sweep, each_path_once)`` under the compile-only driver for ``arch``; returns (report rows,
+    failures)."""
     failures = []
     with compile_only(arch):
-        launches = _launches(sweep)
-        for launch in one_per_code_path(launches) if each_path_once else launches:
+        for launch in _launches(sweep, each_path_once):
             try:
                 launch.call()
             except Exception as exc:

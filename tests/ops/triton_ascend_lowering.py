@@ -39,7 +39,7 @@ from triton.backends import backends
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
-from .triton_aot import Launch, _launches, one_per_code_path, run_targets, uncovered
+from .triton_aot import Launch, _launches, run_targets, uncovered
 
 SKIPPED = 3
 # vLLM's default max_num_batched_tokens on a device of 70 GB or more (offline; the API server's default is 8192);
@@ -233,15 +233,14 @@ def _lower(path: str, npu, launches: list[Launch], failures: list[str]) -> list[
 
 
 def lower_all(path: str, each_path_once: bool = False) -> tuple[list[str], list[str]]:
-    """Runs every launch (or ``one_per_code_path`` of them) under the compile-only NPU driver for ``path``, then
-    the prefill chunk's; returns (report rows, failures)."""
+    """Runs ``_launches(each_path_once=...)`` under the compile-only NPU driver for ``path``, then the prefill
+    chunk's; returns (report rows, failures)."""
     from deepinfer_plugins.ops.backends.triton_kernels.common import ASCEND_MAX_PROGRAMS, BLOCKS_PARALLEL_ENV
 
     failures, lowered = [], []
     with lowering_only(path, lowered) as npu, mock.patch.dict(os.environ):
         os.environ.pop(BLOCKS_PARALLEL_ENV, None)
-        launches = _launches()
-        grids = _lower(path, npu, one_per_code_path(launches) if each_path_once else launches, failures)
+        grids = _lower(path, npu, _launches(each_path_once=each_path_once), failures)
         prefill = _lower(path, npu, prefill_launches(), failures)
     failures += [f"{path} {label}: a launch of {n} programs (NPU limit {ASCEND_MAX_PROGRAMS})"
                  for label, _, launched in grids + prefill for n in launched if n > ASCEND_MAX_PROGRAMS]
